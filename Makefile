@@ -1,0 +1,39 @@
+# The two commands a newcomer needs are `make demo` (later) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup venv binaries test test-unit test-integration cluster-up cluster-down clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Kubernetes, etcd and helm, built once into ~/.cache/batchtune (cold: tens of minutes).
+binaries:
+	hack/localcluster/build
+
+setup: venv binaries
+
+# All tiers: unit tests, then integration tests on the local cluster (started if not running).
+test: setup
+	$(PY) -m pytest
+
+test-unit: venv
+	$(PY) -m pytest -m 'not integration'
+
+test-integration: setup
+	$(PY) -m pytest -m integration
+
+cluster-up: setup
+	hack/localcluster/up
+
+cluster-down:
+	hack/localcluster/down
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,3 @@
+from batchtune.cli import main
+
+raise SystemExit(main())
