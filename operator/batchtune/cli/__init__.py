@@ -16,6 +16,7 @@ from batchtune import __version__
 COMMAND_MODULES = [
     "batchtune.cli.validate",
     "batchtune.cli.plan",
+    "batchtune.cli.twin",
 ]
 
 

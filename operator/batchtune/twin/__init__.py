@@ -1,0 +1,1 @@
+"""The twin: a physically grounded simulator of vLLM serving on a GPU (memory, scheduler, step time)."""
