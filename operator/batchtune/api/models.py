@@ -1,0 +1,814 @@
+"""Typed, frozen models of the BatchTuning v1alpha1 resource (spec and status).
+
+Attributes are snake_case; the wire form (CRD, YAML, status patches) is camelCase through
+aliases. `crds/batchtune.io_batchtunings.yaml` is the source of truth for the API and
+`tests/unit/test_api_crd_drift.py` keeps these models in step with it: field paths, enums,
+defaults, required fields and numeric bounds.
+
+Spec models forbid unknown fields (a typo must not be ignored silently) and take integers
+strictly (the API server rejects `"12"` for an integer, so the models do too). Status models
+ignore unknown fields so an operator can read status written by a newer or older version.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+API_GROUP = "batchtune.io"
+API_VERSION = "v1alpha1"
+KIND = "BatchTuning"
+PLURAL = "batchtunings"
+API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
+
+
+def camel(name: str) -> str:
+    """`e2e_latency_milliseconds` -> `e2eLatencyMilliseconds` (pydantic's to_camel gives `e2ELatency...`)."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+# ---------------------------------------------------------------------------------------------
+# Enums
+
+
+class StrategyType(StrEnum):
+    """How trials are chosen."""
+
+    GRID = "Grid"
+    """Every candidate in the search space: the exhaustive baseline."""
+    ADAPTIVE = "Adaptive"
+    """Bracketing and bisection on maxNumSeqs, exploiting that latency grows with it."""
+    BAYESIAN = "Bayesian"
+    """Optuna's sampler over the search space."""
+
+
+class ObjectiveType(StrEnum):
+    """What "best" means among trials that meet every SLO."""
+
+    SLO_CAPACITY = "SloCapacity"
+    """The highest load a trial sustains while meeting every SLO (vLLM's serve_sla definition)."""
+    OUTPUT_THROUGHPUT = "OutputThroughput"
+    """Output tokens per second at the configured load."""
+    GPU_UTILIZATION = "GpuUtilization"
+    """GPU utilization (SM activity where available) at the configured load."""
+    TOKENS_PER_JOULE = "TokensPerJoule"
+    """Output tokens per joule of GPU energy at the configured load."""
+
+
+class Percentile(StrEnum):
+    """The latency percentile the SLO targets apply to."""
+
+    P50 = "P50"
+    P90 = "P90"
+    P95 = "P95"
+    P99 = "P99"
+
+    @property
+    def quantile(self) -> float:
+        """0.95 for P95: the argument of PromQL's histogram_quantile."""
+        return int(self.value[1:]) / 100
+
+
+class Generator(StrEnum):
+    """Which load generator drives a trial."""
+
+    VLLM_BENCH = "VllmBench"
+    """`vllm bench serve` from the target's own image."""
+    BUILTIN = "Builtin"
+    """The project's own load generator."""
+
+
+class ApplyMode(StrEnum):
+    """What happens to production once the best setting is known."""
+
+    AUTO = "Auto"
+    """Patch production, verify for a window, roll back on regression."""
+    RECOMMEND = "Recommend"
+    """Write the recommendation and ready patches only; production is untouched."""
+
+
+class Phase(StrEnum):
+    """Where a BatchTuning is in its life."""
+
+    PENDING = "Pending"
+    PLANNING = "Planning"
+    TRIALING = "Trialing"
+    SELECTING = "Selecting"
+    APPLYING = "Applying"
+    VERIFYING = "Verifying"
+    SUCCEEDED = "Succeeded"
+    RECOMMENDED = "Recommended"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        """True once the operator takes no further step."""
+        return self in _TERMINAL_PHASES
+
+
+_TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.RECOMMENDED, Phase.ROLLED_BACK, Phase.FAILED})
+
+
+class TrialState(StrEnum):
+    """Where one trial is."""
+
+    PENDING = "Pending"
+    DEPLOYING = "Deploying"
+    WARMING = "Warming"
+    MEASURING = "Measuring"
+    DONE = "Done"
+    INFEASIBLE = "Infeasible"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        """True for Done, Infeasible and Failed."""
+        return self in (TrialState.DONE, TrialState.INFEASIBLE, TrialState.FAILED)
+
+
+class Verdict(StrEnum):
+    """Whether a trial met the SLO. Missing data or NaN is Unknown, never Met."""
+
+    MET = "Met"
+    VIOLATED = "Violated"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """The condition types the operator sets."""
+
+    PROGRESSING = "Progressing"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DEGRADED = "Degraded"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reusable field types
+
+T = TypeVar("T")
+
+# Strict: YAML `"12"` or `true` is not an integer to the API server, so not to us either.
+Int = Annotated[int, Strict()]
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+PROM_METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+
+# The knobs batchtune owns; a fixed extra arg must not set them behind the search's back.
+TUNED_FLAG = re.compile(r"^--(max[-_]num[-_]seqs|gpu[-_]memory[-_]utilization|max[-_]num[-_]batched[-_]tokens)(=.*)?$")
+
+MAX_NUM_SEQS_LIMIT = 65536
+MAX_NUM_BATCHED_TOKENS_LIMIT = 16_777_216
+
+
+def _no_duplicates(items: list[T]) -> list[T]:
+    seen: set[Any] = set()
+    for item in items:
+        if item in seen:
+            raise PydanticCustomError("duplicate", "duplicate value {value} (values must be unique)", {"value": item})
+        seen.add(item)
+    return items
+
+
+def _not_tuned_flag(arg: str) -> str:
+    if TUNED_FLAG.match(arg):
+        raise PydanticCustomError(
+            "tuned_flag",
+            "sets a knob batchtune tunes; list its candidates under searchSpace instead",
+            {"arg": arg},
+        )
+    return arg
+
+
+def _http_url(url: str) -> str:
+    if not (url.startswith("http://") or url.startswith("https://")):
+        raise PydanticCustomError("url_scheme", "must start with http:// or https://", {})
+    return url
+
+
+def _nan_is_absent(value: Any) -> Any:
+    # JSON cannot carry NaN, and unknown must read as absent, never as a number that passes.
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+MaxNumSeqs = Annotated[Int, Field(ge=1, le=MAX_NUM_SEQS_LIMIT)]
+GpuPercent = Annotated[Int, Field(ge=10, le=99)]
+BatchedTokens = Annotated[Int, Field(ge=16, le=MAX_NUM_BATCHED_TOKENS_LIMIT)]
+ExtraArg = Annotated[Str, Field(min_length=1, max_length=1024), AfterValidator(_not_tuned_flag)]
+Milliseconds = Annotated[Int, Field(ge=1, le=3_600_000)]
+MetricName = Annotated[Str, Field(min_length=1, max_length=256, pattern=PROM_METRIC_NAME)]
+LabelName = Annotated[Str, Field(min_length=1, max_length=128, pattern=PROM_LABEL_NAME)]
+Metric = Annotated[float | None, BeforeValidator(_nan_is_absent)]
+
+
+def _cross_field(violations: list[tuple[str, Any, str]]) -> None:
+    """Raise one error carrying every (field, value, message) a cross-field rule found."""
+    if violations:
+        raise PydanticCustomError(
+            "cross_field",
+            "{summary}",
+            {"summary": "; ".join(msg for _, _, msg in violations), "violations": violations},
+        )
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=camel,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        populate_by_name=True,
+        alias_generator=camel,
+        extra="ignore",
+        use_attribute_docstrings=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec
+
+
+class TargetRef(_Spec):
+    """The production vLLM Deployment to tune, in the BatchTuning's namespace."""
+
+    name: Annotated[Str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """Name of the Deployment."""
+    container_name: Annotated[Str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)] | None = None
+    """Container that runs vLLM; unset: the container whose command or args run vLLM."""
+
+
+class MaxNumSeqsSpec(_Spec):
+    """Candidate values of vLLM's --max-num-seqs: a list, or min/max with doubling."""
+
+    values: Annotated[list[MaxNumSeqs], Field(min_length=1, max_length=64), AfterValidator(_no_duplicates)] | None = None
+    """Explicit candidates, each 1..65536, unique, any order."""
+    min: MaxNumSeqs | None = None
+    """Smallest candidate; the candidates are min, 2*min, 4*min, ... up to max."""
+    max: MaxNumSeqs | None = None
+    """Largest allowed candidate; a doubling past it is not tried (max itself is tried only when it is a doubling of min)."""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> MaxNumSeqsSpec:
+        errors: list[tuple[str, Any, str]] = []
+        has_range = self.min is not None or self.max is not None
+        if self.values is not None and has_range:
+            errors.append(("", None, f"set either values or min/max, not both (values={self.values}, min={self.min}, max={self.max})"))
+        elif self.values is None and not has_range:
+            errors.append(("", None, "set either values or both min and max"))
+        elif self.values is None and self.min is None:
+            errors.append(("min", None, f"required with max (max is {self.max})"))
+        elif self.values is None and self.max is None:
+            errors.append(("max", None, f"required with min (min is {self.min})"))
+        elif self.min is not None and self.max is not None and self.min > self.max:
+            errors.append(("min", self.min, f"must not exceed max {self.max}"))
+        _cross_field(errors)
+        return self
+
+    def candidates(self) -> list[int]:
+        """The candidate values, ascending: the explicit values, or doublings of min not above max."""
+        if self.values is not None:
+            return sorted(self.values)
+        assert self.min is not None and self.max is not None
+        out, value = [], self.min
+        while value <= self.max:
+            out.append(value)
+            value *= 2
+        return out
+
+
+class SearchSpec(_Spec):
+    """The settings trials explore."""
+
+    max_num_seqs: MaxNumSeqsSpec
+    """Candidates for --max-num-seqs (the most sequences vLLM runs in one batch)."""
+    gpu_memory_utilization_percent: Annotated[
+        list[GpuPercent], Field(min_length=1, max_length=16), AfterValidator(_no_duplicates)
+    ] = Field(default_factory=lambda: [90])
+    """Candidates for --gpu-memory-utilization in integer percent (90 means 0.90), each 10..99."""
+    max_num_batched_tokens: Annotated[
+        list[BatchedTokens], Field(min_length=1, max_length=16), AfterValidator(_no_duplicates)
+    ] | None = None
+    """Candidates for --max-num-batched-tokens (the token budget of one scheduler step); unset: keep production's."""
+    extra_args: Annotated[list[ExtraArg], Field(max_length=64)] | None = None
+    """Fixed vLLM arguments added to every trial, one token per item (e.g. "--enforce-eager")."""
+
+    def max_num_seqs_candidates(self) -> list[int]:
+        """The --max-num-seqs candidates, ascending."""
+        return self.max_num_seqs.candidates()
+
+
+class StrategySpec(_Spec):
+    """How trials are chosen."""
+
+    type: StrategyType = StrategyType.ADAPTIVE
+    """Grid (exhaustive), Adaptive (bracketing/bisection on maxNumSeqs) or Bayesian (Optuna)."""
+    max_trials: Annotated[Int, Field(ge=1, le=256)] = 12
+    """Most trials run (repeats of one setting count once)."""
+    max_parallel_trials: Annotated[Int, Field(ge=1, le=16)] = 1
+    """Most trials that run at the same time (each holds the target's GPUs)."""
+    seed: Annotated[Int, Field(ge=0, le=2_147_483_647)] = 0
+    """Seed of every random choice, so the same history gives the same next trial."""
+
+    @model_validator(mode="after")
+    def _parallel_within_budget(self) -> StrategySpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.max_parallel_trials > self.max_trials:
+            errors.append(("maxParallelTrials", self.max_parallel_trials,
+                           f"must not exceed maxTrials {self.max_trials}"))
+        _cross_field(errors)
+        return self
+
+
+class ObjectiveSpec(_Spec):
+    """What "best" means among trials that meet every SLO."""
+
+    type: ObjectiveType = ObjectiveType.SLO_CAPACITY
+    """SloCapacity, OutputThroughput, GpuUtilization or TokensPerJoule."""
+
+
+class SloSpec(_Spec):
+    """Latency and error targets a trial must meet to be feasible."""
+
+    percentile: Percentile = Percentile.P95
+    """Percentile the latency targets apply to."""
+    ttft_milliseconds: Milliseconds | None = None
+    """Time to first token at the percentile, in milliseconds."""
+    inter_token_latency_milliseconds: Milliseconds | None = None
+    """Inter-token latency (time per output token) at the percentile, in milliseconds."""
+    e2e_latency_milliseconds: Milliseconds | None = None
+    """End-to-end request latency at the percentile, in milliseconds."""
+    max_error_rate_percent: Annotated[Int, Field(ge=0, le=100)] = 1
+    """Most failed requests tolerated, in percent of all requests."""
+    headroom_percent: Annotated[Int, Field(ge=0, le=90)] = 10
+    """Margin kept below the knee and the SLO, for traffic peaks, in percent."""
+
+    @model_validator(mode="after")
+    def _some_latency_target(self) -> SloSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if not self.latency_targets_ms():
+            errors.append(("", None, "set at least one of ttftMilliseconds, interTokenLatencyMilliseconds, e2eLatencyMilliseconds"))
+        _cross_field(errors)
+        return self
+
+    def latency_targets_ms(self) -> dict[str, int]:
+        """The set latency targets keyed by the TrialMetrics attribute they bound: ttft_ms, itl_ms, e2e_ms."""
+        targets = {
+            "ttft_ms": self.ttft_milliseconds,
+            "itl_ms": self.inter_token_latency_milliseconds,
+            "e2e_ms": self.e2e_latency_milliseconds,
+        }
+        return {name: ms for name, ms in targets.items() if ms is not None}
+
+
+class LoadSpec(_Spec):
+    """The load driven at each trial."""
+
+    generator: Generator = Generator.BUILTIN
+    """VllmBench (`vllm bench serve` from the target's image) or Builtin (the project's own)."""
+    image: Annotated[Str, Field(min_length=1, max_length=512)] | None = None
+    """Load-generator image; unset: the target's image for VllmBench, the operator's for Builtin."""
+    concurrency: Annotated[Int, Field(ge=1, le=100_000)] | None = None
+    """Closed loop: requests in flight at once. Unset with requestsPerMinute unset: the trial's maxNumSeqs."""
+    requests_per_minute: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
+    """Open loop: Poisson arrivals at this mean rate per minute."""
+    input_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 512
+    """Prompt length in tokens."""
+    output_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 128
+    """Output length in tokens."""
+    from_production: Bool = False
+    """Derive token lengths (and the rate) from production's vLLM histograms instead of the fixed values."""
+    duration_seconds: Annotated[Int, Field(ge=1, le=86_400)] | None = None
+    """How long load runs; unset with numPrompts unset: warm-up plus the measurement window."""
+    num_prompts: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
+    """Number of requests to send instead of a duration."""
+
+    @model_validator(mode="after")
+    def _one_loop_one_length(self) -> LoadSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.concurrency is not None and self.requests_per_minute is not None:
+            errors.append(("requestsPerMinute", self.requests_per_minute,
+                           f"set concurrency or requestsPerMinute, not both (concurrency is {self.concurrency})"))
+        if self.duration_seconds is not None and self.num_prompts is not None:
+            errors.append(("numPrompts", self.num_prompts,
+                           f"set durationSeconds or numPrompts, not both (durationSeconds is {self.duration_seconds})"))
+        _cross_field(errors)
+        return self
+
+
+class TrialSpec(_Spec):
+    """Timing of one trial."""
+
+    warmup_seconds: Annotated[Int, Field(ge=0, le=3600)] = 30
+    """Load before measuring starts (fills caches, compiles graphs)."""
+    measure_seconds: Annotated[Int, Field(ge=5, le=7200)] = 60
+    """Measurement window."""
+    readiness_timeout_seconds: Annotated[Int, Field(ge=10, le=7200)] = 900
+    """How long a trial pod may take to become ready (model load) before it counts as failed."""
+    repeats: Annotated[Int, Field(ge=1, le=10)] = 1
+    """Measurements per setting; more repeats smooth noise."""
+
+
+class SecretKeyRef(_Spec):
+    """A key in a Secret in the BatchTuning's namespace."""
+
+    name: Annotated[Str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """Name of the Secret."""
+    key: Annotated[Str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)] = "token"
+    """Key in the Secret whose value is the bearer token."""
+
+
+class MetricNames(_Spec):
+    """Metric-name overrides; unset fields use vLLM's and dcgm-exporter's current names (with fallbacks)."""
+
+    e2e_request_latency: MetricName | None = None
+    """Histogram of end-to-end latency (default vllm:e2e_request_latency_seconds)."""
+    time_to_first_token: MetricName | None = None
+    """Histogram of time to first token (default vllm:time_to_first_token_seconds)."""
+    inter_token_latency: MetricName | None = None
+    """Histogram of inter-token latency (default vllm:inter_token_latency_seconds)."""
+    request_queue_time: MetricName | None = None
+    """Histogram of queueing time (default vllm:request_queue_time_seconds)."""
+    generation_tokens: MetricName | None = None
+    """Counter of output tokens (default vllm:generation_tokens_total)."""
+    prompt_tokens: MetricName | None = None
+    """Counter of prompt tokens (default vllm:prompt_tokens_total)."""
+    request_success: MetricName | None = None
+    """Counter of finished requests (default vllm:request_success_total)."""
+    num_preemptions: MetricName | None = None
+    """Counter of preemptions (default vllm:num_preemptions_total)."""
+    num_requests_running: MetricName | None = None
+    """Gauge of running requests (default vllm:num_requests_running)."""
+    num_requests_waiting: MetricName | None = None
+    """Gauge of waiting requests (default vllm:num_requests_waiting)."""
+    kv_cache_usage: MetricName | None = None
+    """Gauge of KV-cache usage, 0..1 (default vllm:kv_cache_usage_perc, older vLLM: vllm:gpu_cache_usage_perc)."""
+    cache_config_info: MetricName | None = None
+    """Info metric with the KV-cache configuration (default vllm:cache_config_info)."""
+    gpu_util: MetricName | None = None
+    """GPU utilization in percent (default DCGM_FI_DEV_GPU_UTIL)."""
+    sm_active: MetricName | None = None
+    """SM activity ratio (default DCGM_FI_PROF_SM_ACTIVE)."""
+    sm_occupancy: MetricName | None = None
+    """SM occupancy ratio (default DCGM_FI_PROF_SM_OCCUPANCY)."""
+    tensor_active: MetricName | None = None
+    """Tensor-pipe activity ratio (default DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)."""
+    dram_active: MetricName | None = None
+    """Memory-bandwidth activity ratio (default DCGM_FI_PROF_DRAM_ACTIVE)."""
+    fb_used: MetricName | None = None
+    """Framebuffer used in MiB (default DCGM_FI_DEV_FB_USED)."""
+    fb_free: MetricName | None = None
+    """Framebuffer free in MiB (default DCGM_FI_DEV_FB_FREE)."""
+    power_usage: MetricName | None = None
+    """Power draw in watts (default DCGM_FI_DEV_POWER_USAGE)."""
+
+    def overrides(self) -> dict[str, str]:
+        """The set overrides keyed by snake_case role (e.g. "kv_cache_usage")."""
+        return {name: value for name, value in self if value is not None}
+
+
+class VllmLabels(_Spec):
+    """Label names on vLLM's metrics."""
+
+    pod: LabelName = "pod"
+    """Label holding the pod name (Prometheus relabelling)."""
+    namespace: LabelName = "namespace"
+    """Label holding the namespace."""
+    model: LabelName = "model_name"
+    """Label holding the served model name."""
+
+
+class GpuLabels(_Spec):
+    """Label names on dcgm-exporter's metrics (they differ with and without Kubernetes pod mapping)."""
+
+    pod: LabelName = "pod"
+    """Label holding the pod that uses the GPU."""
+    namespace: LabelName = "namespace"
+    """Label holding that pod's namespace."""
+
+
+class PrometheusSpec(_Spec):
+    """Where trial and production metrics are read."""
+
+    url: Annotated[Str, Field(min_length=1, max_length=2048), AfterValidator(_http_url)]
+    """Base URL of the Prometheus HTTP API, http:// or https://."""
+    auth_secret_ref: SecretKeyRef | None = None
+    """Secret key holding a bearer token; unset: no authentication."""
+    metric_names: MetricNames = Field(default_factory=MetricNames)
+    """Metric-name overrides (vLLM renamed metrics across versions)."""
+    labels: VllmLabels = Field(default_factory=VllmLabels)
+    """Label names on vLLM's metrics."""
+    gpu_labels: GpuLabels = Field(default_factory=GpuLabels)
+    """Label names on dcgm-exporter's metrics."""
+
+
+class ApplySpec(_Spec):
+    """What happens to production once the best setting is known."""
+
+    mode: ApplyMode | None = None
+    """Auto or Recommend; unset: Auto, except Recommend when Argo CD or Flux manages the target."""
+    verify_seconds: Annotated[Int, Field(ge=0, le=86_400)] = 300
+    """How long production is watched after a change before it counts as verified."""
+    cooldown_seconds: Annotated[Int, Field(ge=0, le=2_592_000)] = 3600
+    """Least time between two changes to production."""
+    max_regression_percent: Annotated[Int, Field(ge=0, le=100)] = 10
+    """Throughput drop or latency rise tolerated during verification before rolling back, in percent."""
+
+
+class BatchTuningSpec(_Spec):
+    """The desired tuning of one vLLM Deployment."""
+
+    target_ref: TargetRef
+    """The production Deployment to tune."""
+    search_space: SearchSpec
+    """The settings trials explore."""
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    """How trials are chosen."""
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    """What is maximised among trials that meet every SLO."""
+    slo: SloSpec
+    """Latency and error targets."""
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    """The load driven at each trial."""
+    trial: TrialSpec = Field(default_factory=TrialSpec)
+    """Timing of one trial."""
+    prometheus: PrometheusSpec
+    """Where metrics are read."""
+    apply: ApplySpec = Field(default_factory=ApplySpec)
+    """What happens to production."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+class Condition(_Status):
+    """A Kubernetes condition (metav1.Condition)."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316)]
+    """Progressing, Succeeded, Failed or Degraded."""
+    status: ConditionStatus
+    """True, False or Unknown."""
+    reason: Annotated[str, Field(min_length=1, max_length=1024)]
+    """Why, in UpperCamelCase."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """Human-readable detail."""
+    last_transition_time: datetime
+    """When status last changed."""
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The spec generation this condition was computed from."""
+
+
+class Setting(_Status):
+    """One point of the search space. Frozen, so hashable: usable as a dict key."""
+
+    max_num_seqs: Annotated[int, Field(ge=1)]
+    """--max-num-seqs."""
+    gpu_memory_utilization_percent: Annotated[int, Field(ge=1, le=100)]
+    """--gpu-memory-utilization in percent."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
+    """--max-num-batched-tokens; unset: vLLM's or production's value."""
+
+    def summary(self) -> str:
+        """Short form for printer columns and logs: "seqs=64 gpu=90%" (+ " tokens=8192")."""
+        text = f"seqs={self.max_num_seqs} gpu={self.gpu_memory_utilization_percent}%"
+        if self.max_num_batched_tokens is not None:
+            text += f" tokens={self.max_num_batched_tokens}"
+        return text
+
+
+class TrialMetrics(_Status):
+    """What a trial measured. Latencies are at the SLO percentile; absent means unknown."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_throughput: Metric = None
+    """Finished requests per second."""
+    output_throughput: Metric = None
+    """Output tokens per second."""
+    ttft_ms: Metric = None
+    """Time to first token, milliseconds."""
+    itl_ms: Metric = None
+    """Inter-token latency, milliseconds."""
+    e2e_ms: Metric = None
+    """End-to-end latency, milliseconds."""
+    gpu_util_percent: Metric = None
+    """DCGM GPU utilization, percent."""
+    sm_active_percent: Metric = None
+    """DCGM SM activity, percent."""
+    kv_cache_usage_percent: Metric = None
+    """vLLM KV-cache usage, percent."""
+    preemptions_per_second: Metric = None
+    """vLLM preemptions per second."""
+    power_watts: Metric = None
+    """GPU power draw, watts."""
+    error_rate_percent: Metric = None
+    """Failed requests, percent of all."""
+    slo_capacity: Metric = None
+    """Highest request rate (requests per second) sustained while meeting every SLO."""
+    tokens_per_joule: Metric = None
+    """Output tokens per joule of GPU energy."""
+
+
+class TrialRecord(_Status):
+    """One trial: a setting, its progress and what it measured."""
+
+    index: Annotated[int, Field(ge=0)]
+    """Position in the order trials were started."""
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    """Name of the trial Deployment (<bt>-trial-<index>)."""
+    setting: Setting
+    """The setting tried."""
+    state: TrialState = TrialState.PENDING
+    """Pending, Deploying, Warming, Measuring, Done, Infeasible or Failed."""
+    reason: str | None = None
+    """Why the trial is in its state, UpperCamelCase (e.g. OOMKilled, KVCacheTooSmall)."""
+    message: str | None = None
+    """Human-readable detail."""
+    repeat: Annotated[int, Field(ge=0)] = 0
+    """Which repeat of the setting this is, from 0."""
+    started_at: datetime | None = None
+    """When the trial Deployment was created."""
+    finished_at: datetime | None = None
+    """When the trial reached Done, Infeasible or Failed."""
+    metrics: TrialMetrics | None = None
+    """What the trial measured."""
+    verdict: Verdict | None = None
+    """Met, Violated or Unknown against the SLO."""
+    verdict_reason: str | None = None
+    """Which target was violated or which data was missing."""
+
+
+class Baseline(_Status):
+    """Production's settings when tuning started."""
+
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = None
+    """--max-num-seqs in production; unset: vLLM's default."""
+    gpu_memory_utilization_percent: Annotated[int, Field(ge=1, le=100)] | None = None
+    """--gpu-memory-utilization in production, percent; unset: vLLM's default."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
+    """--max-num-batched-tokens in production; unset: vLLM's default."""
+    args: list[str] = Field(default_factory=list)
+    """Production's vLLM container arguments as found."""
+
+
+class PrunedSetting(_Status):
+    """A setting never tried, and why."""
+
+    setting: Setting
+    """The setting left out."""
+    reason: str
+    """Why (e.g. does not fit GPU memory, max-num-batched-tokens below max-num-seqs)."""
+
+
+class Knee(_Status):
+    """Where more batching stopped paying."""
+
+    max_num_seqs: Annotated[int, Field(ge=1)]
+    """--max-num-seqs at the knee."""
+    reason: str
+    """How the knee was found (marginal gain per doubling against the threshold)."""
+
+
+class Recommendation(_Status):
+    """The chosen setting and ready-made ways to apply it."""
+
+    setting: Setting
+    """The chosen setting."""
+    args: list[str] = Field(default_factory=list)
+    """The vLLM container arguments with the setting applied."""
+    reason: str
+    """Why this setting, in words."""
+    json_patch: str | None = None
+    """RFC 6902 JSON patch for the target Deployment."""
+    kustomize_patch: str | None = None
+    """Kustomize strategic-merge patch."""
+    helm_values: str | None = None
+    """Helm values snippet, where the chart's layout is known."""
+    replicas_hint: Annotated[int, Field(ge=1)] | None = None
+    """Replicas that would serve production's current load at this setting."""
+
+
+class AppliedRecord(_Status):
+    """What was changed in production, and when."""
+
+    previous_args: list[str] = Field(default_factory=list)
+    """Container arguments before the change (restored on rollback)."""
+    new_args: list[str] = Field(default_factory=list)
+    """Container arguments after the change."""
+    applied_at: datetime
+    """When production was patched."""
+    verified_at: datetime | None = None
+    """When the verify window passed without regression."""
+    rolled_back_at: datetime | None = None
+    """When the change was rolled back."""
+
+
+class BatchTuningStatus(_Status):
+    """What the operator observed and did."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The spec generation the status reflects."""
+    phase: Phase | None = None
+    """Where the tuning is."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Progressing, Succeeded, Failed, Degraded."""
+    trials_planned: Annotated[int, Field(ge=0)] = 0
+    """Trials the plan holds."""
+    trials_completed: Annotated[int, Field(ge=0)] = 0
+    """Trials finished (Done, Infeasible or Failed)."""
+    baseline: Baseline | None = None
+    """Production's settings when tuning started."""
+    pruned: list[PrunedSetting] = Field(default_factory=list)
+    """Settings never tried, and why."""
+    trials: list[TrialRecord] = Field(default_factory=list)
+    """Every trial started, in order."""
+    best_trial: str | None = None
+    """Name of the best trial."""
+    best_setting: str | None = None
+    """The best trial's setting, short form (for kubectl get)."""
+    knee: Knee | None = None
+    """Where more batching stopped paying."""
+    recommendation: Recommendation | None = None
+    """The chosen setting and ready patches."""
+    applied: AppliedRecord | None = None
+    """What was changed in production."""
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, if set."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The object
+
+
+class ObjectMeta(_Status):
+    """The metadata fields batchtune reads; the rest is ignored."""
+
+    name: str | None = None
+    generate_name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _named(self) -> ObjectMeta:
+        errors: list[tuple[str, Any, str]] = []
+        if not self.name and not self.generate_name:
+            errors.append(("name", None, "required (set name or generateName)"))
+        _cross_field(errors)
+        return self
+
+
+class BatchTuning(_Status):
+    """A whole BatchTuning object."""
+
+    api_version: Literal["batchtune.io/v1alpha1"]
+    """batchtune.io/v1alpha1."""
+    kind: Literal["BatchTuning"]
+    """BatchTuning."""
+    metadata: ObjectMeta
+    """Object metadata."""
+    spec: BatchTuningSpec
+    """The desired tuning."""
+    status: BatchTuningStatus = Field(default_factory=BatchTuningStatus)
+    """What the operator observed and did."""
