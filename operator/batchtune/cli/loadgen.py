@@ -1,0 +1,134 @@
+"""`batchtune loadgen`: streaming load against an OpenAI endpoint, `vllm bench serve`-style results."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any
+
+TERMINATION_ENV = "BATCHTUNE_TERMINATION_MESSAGE_PATH"
+TIME_SCALE_ENV = "BATCHTUNE_TIME_SCALE"
+
+
+def env_time_scale() -> float:
+    """BATCHTUNE_TIME_SCALE as a float (1 when unset or empty)."""
+    raw = os.environ.get(TIME_SCALE_ENV, "").strip()
+    try:
+        value = float(raw) if raw else 1.0
+    except ValueError:
+        raise SystemExit(f"error: {TIME_SCALE_ENV}={raw!r} is not a number") from None
+    if value <= 0:
+        raise SystemExit(f"error: {TIME_SCALE_ENV}={raw!r} must be > 0")
+    return value
+
+
+def parse_floats(text: str, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}={text!r}: expected comma-separated numbers") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "loadgen",
+        help="send streaming load to an OpenAI endpoint and write a vllm-bench-style result",
+        description="Closed-loop (--concurrency) or Poisson (--request-rate) load, bounded by --num-prompts "
+        "and --duration. Durations and rates are simulated seconds when a time scale is set.",
+    )
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server URL (default %(default)s)")
+    parser.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
+    parser.add_argument("--model", default=None, help="model name (default: first from /v1/models)")
+    parser.add_argument("--input-len", type=int, default=1024, help="prompt tokens (default %(default)s)")
+    parser.add_argument("--output-len", type=int, default=128, help="max_tokens (default %(default)s)")
+    parser.add_argument("--range-ratio", type=float, default=0.0, help="uniform length spread (default 0: fixed)")
+    parser.add_argument("--concurrency", type=int, default=None, help="closed-loop streams / in-flight cap")
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson req/s (default inf)")
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals (1 = Poisson)")
+    parser.add_argument("--num-prompts", type=int, default=1000, help="hard cap on requests (default %(default)s)")
+    parser.add_argument("--duration", type=float, default=600.0, help="hard cap in seconds (default %(default)s)")
+    parser.add_argument("--warmup-seconds", type=float, default=0.0, help="excluded from stats (default 0)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
+    parser.add_argument("--metric-percentiles", default="50,90,95,99")
+    parser.add_argument("--time-scale", type=float, default=None, help=f"twin time scale (default ${TIME_SCALE_ENV} or 1)")
+    parser.add_argument("--result-file", default=None, help="write the full result JSON here")
+    parser.add_argument(
+        "--termination-message-path", default=None, help=f"write a compact JSON summary here (default ${TERMINATION_ENV})"
+    )
+    parser.add_argument("--allow-non-loopback", action="store_true", help="allow targets outside 127.0.0.0/8")
+    parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /v1/models")
+    parser.add_argument("--quiet", action="store_true", help="do not print the text report")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from batchtune.loadgen import LoadSpec
+
+    try:
+        spec = LoadSpec(
+            base_url=args.base_url,
+            endpoint=args.endpoint,
+            model=args.model,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            range_ratio=args.range_ratio,
+            concurrency=args.concurrency,
+            request_rate=args.request_rate,
+            burstiness=args.burstiness,
+            num_prompts=args.num_prompts,
+            duration_s=args.duration,
+            warmup_s=args.warmup_seconds,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            percentile_metrics=tuple(m.strip() for m in args.percentile_metrics.split(",") if m.strip()),
+            percentiles=parse_floats(args.metric_percentiles, "--metric-percentiles"),
+            time_scale=args.time_scale if args.time_scale is not None else env_time_scale(),
+            allow_non_loopback=args.allow_non_loopback,
+            ready_timeout_s=args.ready_timeout,
+        )
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return execute(spec, result_file=args.result_file, termination_path=args.termination_message_path, quiet=args.quiet)
+
+
+def execute(spec: Any, *, result_file: str | None, termination_path: str | None, quiet: bool = False) -> int:
+    """Run `spec`, write the result file and termination summary; exit 0 if any request completed."""
+    import json
+
+    from batchtune.loadgen import TargetRefused, compact_summary, format_report, run_load_sync
+
+    termination = termination_path or os.environ.get(TERMINATION_ENV) or None
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    try:
+        result = run_load_sync(spec, log=log)
+    except (TargetRefused, ConnectionError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if termination:
+            _write(termination, json.dumps({"error": str(exc)[:3500]}))
+        return 2
+    if not quiet:
+        print(format_report(result), flush=True)
+    if result_file:
+        _write(result_file, json.dumps(result, indent=2))
+    if termination:
+        _write(termination, compact_summary(result))
+    if result["completed"] == 0:
+        print("error: no request completed inside the measurement window", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)

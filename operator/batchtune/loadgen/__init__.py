@@ -1,0 +1,28 @@
+"""The load generator: streaming OpenAI-API load with `vllm bench serve`-compatible results.
+
+Public API: `LoadSpec`, `run_load` (async), `run_load_sync`, `check_target`, `TargetRefused`,
+`compute_result`, `compact_summary`, `format_report`, and the prompt helpers in `prompts`.
+"""
+
+from batchtune.loadgen.runner import (
+    LoadSpec,
+    TargetRefused,
+    check_target,
+    format_report,
+    run_load,
+    run_load_sync,
+)
+from batchtune.loadgen.stats import RequestRecord, Window, compact_summary, compute_result
+
+__all__ = [
+    "LoadSpec",
+    "RequestRecord",
+    "TargetRefused",
+    "Window",
+    "check_target",
+    "compact_summary",
+    "compute_result",
+    "format_report",
+    "run_load",
+    "run_load_sync",
+]

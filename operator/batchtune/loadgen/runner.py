@@ -1,0 +1,412 @@
+"""Real HTTP load against an OpenAI-compatible endpoint (streaming, to measure TTFT and ITL).
+
+Two arrival modes, as `vllm bench serve`: closed loop (`concurrency` streams, each sending its
+next request when the previous one ends; `request_rate=inf`) or open loop (Poisson arrivals at
+`request_rate`, optionally capped at `concurrency` in flight). The run always has two bounds:
+`num_prompts` requests sent (warm-up included) and `duration_s`, a hard stop that cancels the
+requests still in flight.
+
+Time inputs and outputs are in simulated seconds: with `time_scale` X (the twin runs X times
+faster than a real GPU) a 120 s window lasts 12 wall seconds, a 5 req/s rate sends 50 per wall
+second, and every latency is reported multiplied back by X.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from batchtune.loadgen.prompts import make_prompt
+from batchtune.loadgen.stats import (
+    DEFAULT_PERCENTILE_METRICS,
+    DEFAULT_PERCENTILES,
+    RequestRecord,
+    Window,
+    compute_result,
+)
+
+CHAT_ENDPOINT = "/v1/chat/completions"
+
+
+class TargetRefused(ValueError):
+    """The target is not a loopback address and non-loopback load was not allowed."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What load to send, where, and for how long."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    """Scheme, host and port of the server; the endpoint path is appended."""
+    endpoint: str = "/v1/completions"
+    """`/v1/completions` or `/v1/chat/completions`."""
+    model: str | None = None
+    """Model name to request; None: the first of GET /v1/models."""
+    input_len: int = 1024
+    """Prompt tokens per request (the twin counts words * 1.3)."""
+    output_len: int = 128
+    """`max_tokens` per request."""
+    range_ratio: float = 0.0
+    """Lengths drawn uniformly in [len * (1 - r), len * (1 + r)]; 0 = fixed."""
+    concurrency: int | None = None
+    """Closed-loop streams (request_rate inf) or the in-flight cap (finite rate)."""
+    request_rate: float = math.inf
+    """Poisson arrival rate in requests per simulated second; inf = closed loop / all at once."""
+    burstiness: float = 1.0
+    """Gamma shape of inter-arrival times; 1 = Poisson."""
+    num_prompts: int = 1000
+    """Hard cap on requests sent, warm-up included."""
+    duration_s: float = 600.0
+    """Hard cap on the run (simulated seconds, warm-up included); in-flight requests are cancelled."""
+    warmup_s: float = 0.0
+    """Simulated seconds at the start whose requests are excluded from the statistics."""
+    seed: int = 0
+    ignore_eos: bool = True
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    time_scale: float = 1.0
+    """The twin's time scale: wall durations are simulated ones divided by it."""
+    allow_non_loopback: bool = False
+    """Send load to addresses outside 127.0.0.0/8 (the operator's in-cluster Job sets it)."""
+    ready_timeout_s: float = 60.0
+    """Wall seconds to wait for GET /v1/models to answer before starting."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("input_len", self.input_len >= 1),
+            ("output_len", self.output_len >= 1),
+            ("num_prompts", self.num_prompts >= 1),
+            ("duration_s", self.duration_s > 0),
+            ("warmup_s", 0 <= self.warmup_s < self.duration_s),
+            ("request_rate", self.request_rate > 0),
+            ("time_scale", self.time_scale > 0),
+            ("range_ratio", 0 <= self.range_ratio < 1),
+            ("burstiness", self.burstiness > 0),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"invalid load spec: {name}={getattr(self, name)!r}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"invalid load spec: concurrency={self.concurrency!r} (must be >= 1)")
+        if self.endpoint not in ("/v1/completions", CHAT_ENDPOINT):
+            raise ValueError(f"invalid load spec: endpoint={self.endpoint!r} (use /v1/completions or {CHAT_ENDPOINT})")
+
+
+def check_target(base_url: str, allow_non_loopback: bool) -> None:
+    """Refuse a target outside loopback unless allowed; never resolves names through DNS."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"base_url {base_url!r} is not an http(s) URL with a host")
+    if allow_non_loopback:
+        return
+    host = parts.hostname
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise TargetRefused(
+            f"refusing to send load to {host!r} in base_url {base_url!r}: not a loopback address "
+            "(127.0.0.0/8); pass --allow-non-loopback to allow it"
+        )
+
+
+@dataclass
+class _Tally:
+    """Shared counters the streams update as tokens arrive."""
+
+    window_start: float
+    window_tokens: int = 0
+    per_second: Counter = field(default_factory=Counter)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def token(self, at: float, count: int = 1) -> None:
+        if at >= self.window_start:
+            self.window_tokens += count
+            self.per_second[int(at - self.window_start)] += count
+
+
+def _payload(spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": spec.ignore_eos,
+    }
+    if spec.endpoint == CHAT_ENDPOINT:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def _chunk_text(data: dict[str, Any], chat: bool) -> str | None:
+    choices = data.get("choices")
+    if not choices:
+        return None
+    choice = choices[0]
+    if chat:
+        return (choice.get("delta") or {}).get("content")
+    return choice.get("text")
+
+
+async def _send(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], record: RequestRecord, tally: _Tally, chat: bool
+) -> None:
+    """Stream one request, filling `record`; never raises except on cancellation."""
+    loop = asyncio.get_running_loop()
+    chunks = 0
+    usage_tokens: int | None = None
+    last = record.sent_at
+    tally.in_flight += 1
+    tally.max_in_flight = max(tally.max_in_flight, tally.in_flight)
+    try:
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:300]
+                record.error = f"HTTP {resp.status}: {text}"
+                return
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data_text = line[5:].strip()
+                if data_text == b"[DONE]":
+                    break
+                data = json.loads(data_text)
+                if "error" in data:
+                    record.error = str(data["error"])[:300]
+                    return
+                text = _chunk_text(data, chat)
+                if text is not None:
+                    now = loop.time()
+                    if chunks == 0:
+                        record.ttft_s = now - record.sent_at
+                    else:
+                        record.itls_s.append(now - last)
+                    last = now
+                    chunks += 1
+                    tally.token(now)
+                usage = data.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    usage_tokens = int(usage["completion_tokens"])
+        finished = loop.time()
+        record.finished_at = finished
+        record.e2el_s = finished - record.sent_at
+        record.output_tokens = usage_tokens if usage_tokens is not None else chunks
+        if usage_tokens is not None and usage_tokens > chunks:
+            tally.token(finished, usage_tokens - chunks)  # servers that pack several tokens per chunk
+        record.success = chunks > 0 or record.output_tokens > 0
+        if not record.success:
+            record.error = "no tokens in the response"
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        tally.in_flight -= 1
+        if not record.finished_at:
+            record.finished_at = loop.time()
+
+
+async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> str:
+    """The first model id of GET /v1/models, retrying until the server answers or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no attempt"
+    while True:
+        try:
+            async with session.get(base_url.rstrip("/") + "/v1/models") as resp:
+                if resp.status == 200:
+                    models = (await resp.json()).get("data") or []
+                    if models:
+                        return str(models[0]["id"])
+                    last_error = "GET /v1/models returned no models"
+                else:
+                    last_error = f"GET /v1/models returned HTTP {resp.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise ConnectionError(f"server at {base_url} not ready after {timeout_s:.0f}s: {last_error}")
+        await asyncio.sleep(0.2)
+
+
+def _draw_len(rng: random.Random, length: int, ratio: float) -> int:
+    if ratio <= 0:
+        return length
+    return max(1, rng.randint(int(length * (1 - ratio)), int(math.ceil(length * (1 + ratio)))))
+
+
+async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the load and return the `vllm bench serve`-style result dict (setup and result keys)."""
+    check_target(spec.base_url, spec.allow_non_loopback)
+    say = log or (lambda _msg: None)
+    base = spec.base_url.rstrip("/")
+    url = base + spec.endpoint
+    chat = spec.endpoint == CHAT_ENDPOINT
+    rng = random.Random(spec.seed)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        model = spec.model or await first_model(session, base, spec.ready_timeout_s)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        warmup_end = started + spec.warmup_s / spec.time_scale
+        hard_stop = started + spec.duration_s / spec.time_scale
+        tally = _Tally(window_start=warmup_end)
+        records: list[RequestRecord] = []
+        tasks: set[asyncio.Task[None]] = set()
+        issued = 0
+        say(
+            f"Started load on {url} model={model} input_len={spec.input_len} output_len={spec.output_len} "
+            f"concurrency={spec.concurrency} request_rate={spec.request_rate} num_prompts={spec.num_prompts} "
+            f"duration={spec.duration_s}s warmup={spec.warmup_s}s time_scale={spec.time_scale}"
+        )
+
+        def next_request() -> tuple[RequestRecord, dict[str, Any]]:
+            nonlocal issued
+            issued += 1
+            prompt_tokens = _draw_len(rng, spec.input_len, spec.range_ratio)
+            max_tokens = _draw_len(rng, spec.output_len, spec.range_ratio)
+            record = RequestRecord(sent_at=0.0, prompt_tokens=prompt_tokens)
+            records.append(record)
+            return record, _payload(spec, model, make_prompt(prompt_tokens, rng), max_tokens)
+
+        async def one(record: RequestRecord, body: dict[str, Any]) -> None:
+            record.sent_at = loop.time()
+            await _send(session, url, body, record, tally, chat)
+
+        async def closed_loop_stream() -> None:
+            while issued < spec.num_prompts and loop.time() < hard_stop:
+                await one(*next_request())
+
+        async def open_loop() -> None:
+            semaphore = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
+            next_at = started
+            wall_rate = spec.request_rate * spec.time_scale
+            theta = 1.0 / (wall_rate * spec.burstiness) if math.isfinite(wall_rate) else 0.0
+
+            async def gated(record: RequestRecord, body: dict[str, Any]) -> None:
+                if semaphore is None:
+                    await one(record, body)
+                    return
+                async with semaphore:
+                    if loop.time() < hard_stop:
+                        await one(record, body)
+
+            while issued < spec.num_prompts:
+                if theta:
+                    next_at += rng.gammavariate(spec.burstiness, theta)
+                    if next_at >= hard_stop:
+                        break
+                    await asyncio.sleep(max(0.0, next_at - loop.time()))
+                task = asyncio.create_task(gated(*next_request()))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks))
+
+        if spec.concurrency and not math.isfinite(spec.request_rate):
+            driver = asyncio.gather(*(closed_loop_stream() for _ in range(spec.concurrency)))
+        else:
+            driver = asyncio.ensure_future(open_loop())
+        stopped_early = False
+        try:
+            await asyncio.wait_for(asyncio.shield(driver), timeout=max(0.0, hard_stop - loop.time()))
+        except asyncio.TimeoutError:
+            stopped_early = True
+        finally:
+            driver.cancel()
+            for task in list(tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await driver
+        end = hard_stop if stopped_early else max((r.finished_at for r in records), default=loop.time())
+    if end < warmup_end:
+        say(f"Warning: the run ended {warmup_end - end:.2f}s (wall) before the warm-up did; no measurements")
+    # Requests cancelled by the hard stop are neither completed nor failed.
+    kept = [r for r in records if r.success or r.error]
+    per_second = [count for second, count in tally.per_second.items() if warmup_end + second + 1 <= end]
+    window = Window(
+        start=warmup_end,
+        end=max(end, warmup_end),
+        output_tokens=tally.window_tokens,
+        max_output_tokens_per_s=float(max(per_second, default=0)),
+        max_concurrent_requests=tally.max_in_flight,
+    )
+    result = compute_result(
+        kept,
+        window,
+        percentile_metrics=spec.percentile_metrics,
+        percentiles=spec.percentiles,
+        time_scale=spec.time_scale,
+    )
+    setup = {
+        "date": time.strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai-chat" if chat else "openai",
+        "backend": "openai-chat" if chat else "openai",
+        "label": None,
+        "model_id": model,
+        "tokenizer_id": model,
+        "num_prompts": spec.num_prompts,
+        "request_rate": spec.request_rate if math.isfinite(spec.request_rate) else "inf",
+        "burstiness": spec.burstiness,
+        "max_concurrency": spec.concurrency,
+        "input_len": spec.input_len,
+        "output_len": spec.output_len,
+        "warmup_seconds": spec.warmup_s,
+        "duration_limit": spec.duration_s,
+        "stopped_by_duration": stopped_early,
+        "requests_sent": issued,
+        "time_scale": spec.time_scale,
+    }
+    return {**setup, **result}
+
+
+def run_load_sync(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`run_load` in a fresh event loop."""
+    return asyncio.run(run_load(spec, log=log))
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The text block `vllm bench serve` prints, for logs."""
+    lines = ["{s:{c}^50}".format(s=" Serving Benchmark Result ", c="=")]
+
+    def row(label: str, key: str, fmt: str = "{:<10.2f}") -> None:
+        if key in result and result[key] is not None:
+            lines.append("{:<40} ".format(label) + fmt.format(result[key]))
+
+    row("Successful requests:", "completed", "{:<10}")
+    row("Failed requests:", "failed", "{:<10}")
+    row("Maximum request concurrency:", "max_concurrency", "{}")
+    row("Benchmark duration (s):", "duration")
+    row("Total input tokens:", "total_input_tokens", "{:<10}")
+    row("Total generated tokens:", "total_output_tokens", "{:<10}")
+    row("Request throughput (req/s):", "request_throughput")
+    row("Output token throughput (tok/s):", "output_throughput")
+    row("Total token throughput (tok/s):", "total_token_throughput")
+    for metric, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                          ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):  # fmt: skip
+        keys = [k for k in result if k.endswith(f"_{metric}_ms") and not k.startswith("std_")]
+        if not keys:
+            continue
+        lines.append("{s:{c}^50}".format(s=title, c="-"))
+        for key in keys:
+            stat = key.split("_")[0]
+            label = {"mean": "Mean", "median": "Median"}.get(stat, stat.upper())
+            row(f"{label} {metric.upper()} (ms):", key)
+    lines.append("=" * 50)
+    return "\n".join(lines)

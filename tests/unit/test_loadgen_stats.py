@@ -1,0 +1,147 @@
+"""Load generator statistics, prompt sizing and the loopback-only rule."""
+
+from __future__ import annotations
+
+import json
+import random
+from array import array
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batchtune.loadgen import LoadSpec, RequestRecord, TargetRefused, Window, check_target, compact_summary, compute_result
+from batchtune.loadgen.prompts import count_text_tokens, make_prompt, tokens_for_words, words_for_tokens
+from batchtune.loadgen.stats import percentile_key
+
+
+def _record(sent, ttft, itls, prompt=100, ok=True):
+    rec = RequestRecord(sent_at=sent, prompt_tokens=prompt, success=ok, ttft_s=ttft)
+    rec.itls_s = array("d", itls)
+    rec.output_tokens = len(itls) + 1
+    rec.e2el_s = ttft + sum(itls)
+    rec.finished_at = sent + rec.e2el_s
+    if not ok:
+        rec.error = "HTTP 500: boom"
+    return rec
+
+
+def test_result_has_vllm_bench_keys_and_values():
+    records = [_record(0.0, 0.1, [0.02] * 9), _record(1.0, 0.3, [0.04] * 9)]
+    window = Window(start=0.0, end=2.0, output_tokens=20)
+    result = compute_result(records, window)
+    assert result["completed"] == 2 and result["failed"] == 0
+    assert result["duration"] == pytest.approx(2.0)
+    assert result["request_throughput"] == pytest.approx(1.0)
+    assert result["output_throughput"] == pytest.approx(10.0)
+    assert result["total_token_throughput"] == pytest.approx(110.0)
+    assert result["mean_ttft_ms"] == pytest.approx(200.0)
+    assert result["median_itl_ms"] == pytest.approx(30.0)
+    assert result["p99_itl_ms"] == pytest.approx(40.0)
+    assert result["mean_tpot_ms"] == pytest.approx(30.0)
+    for key in ("std_ttft_ms", "p50_ttft_ms", "p90_tpot_ms", "p95_e2el_ms", "p99_e2el_ms"):
+        assert key in result
+
+
+def test_time_scale_turns_wall_times_into_simulated_times():
+    records = [_record(0.0, 0.01, [0.002] * 4)]
+    plain = compute_result(records, Window(0.0, 1.0, 5))
+    scaled = compute_result(records, Window(0.0, 1.0, 5), time_scale=10.0)
+    assert scaled["mean_ttft_ms"] == pytest.approx(10 * plain["mean_ttft_ms"])
+    assert scaled["output_throughput"] == pytest.approx(plain["output_throughput"] / 10)
+    assert scaled["duration"] == pytest.approx(10.0)
+
+
+def test_window_excludes_warmup_from_latency_and_counts_failures():
+    warm = _record(0.0, 2.0, [0.02] * 4)  # sent in warm-up, ends inside the window
+    good = _record(2.0, 0.1, [0.02] * 4)
+    bad = _record(2.5, 0.0, [], ok=False)
+    result = compute_result([warm, good, bad], Window(start=1.0, end=4.0, output_tokens=8))
+    assert result["completed"] == 2  # both ended in the window
+    assert result["failed"] == 1
+    assert result["mean_ttft_ms"] == pytest.approx(100.0)  # only the request sent in the window
+    assert result["errors_sample"] == ["HTTP 500: boom"]
+
+
+def test_empty_sample_reads_zero_like_vllm():
+    result = compute_result([], Window(0.0, 1.0, 0))
+    assert result["completed"] == 0 and result["mean_ttft_ms"] == 0.0
+
+
+@given(st.lists(st.floats(min_value=0.001, max_value=10.0), min_size=1, max_size=200))
+def test_percentiles_are_ordered_and_bounded(values):
+    rec = [_record(0.0, v, [v]) for v in values]
+    result = compute_result(rec, Window(0.0, 100.0, len(values)))
+    p = [result[f"p{q}_ttft_ms"] for q in (50, 90, 95, 99)]
+    assert p == sorted(p)
+    assert min(values) * 1000 - 1e-6 <= p[0] and p[-1] <= max(values) * 1000 + 1e-6
+    assert result["median_ttft_ms"] == pytest.approx(np.median(values) * 1000)
+
+
+@pytest.mark.parametrize(("p", "key"), [pytest.param(99, "p99", id="int"), pytest.param(99.9, "p99.9", id="decimal")])
+def test_percentile_key(p, key):
+    assert percentile_key(p) == key
+
+
+def test_unknown_percentile_metric_is_named():
+    with pytest.raises(ValueError, match="'foo'"):
+        compute_result([], Window(0.0, 1.0, 0), percentile_metrics=("foo",))
+
+
+def test_compact_summary_is_small_json():
+    result = compute_result([_record(0.0, 0.1, [0.02] * 9)], Window(0.0, 1.0, 10))
+    result["errors_sample"] = ["x" * 5000] * 5
+    text = compact_summary(result)
+    assert len(text.encode()) < 4096
+    assert json.loads(text)["completed"] == 1
+
+
+@given(st.integers(min_value=1, max_value=20000))
+def test_prompt_sizing_is_within_one_token(tokens):
+    words = words_for_tokens(tokens)
+    assert tokens <= tokens_for_words(words) <= tokens + 1
+
+
+def test_make_prompt_counts_and_varies():
+    rng = random.Random(0)
+    a, b = make_prompt(500, rng), make_prompt(500, rng)
+    assert 500 <= count_text_tokens(a) <= 501
+    assert a != b
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        pytest.param("http://127.0.0.1:8000", True, id="loopback"),
+        pytest.param("http://127.3.4.5:8000", True, id="pod-ip"),
+        pytest.param("http://localhost:8000", True, id="localhost"),
+        pytest.param("http://[::1]:8000", True, id="ipv6-loopback"),
+        pytest.param("http://10.0.0.1:8000", False, id="private"),
+        pytest.param("http://vllm.default.svc:8000", False, id="dns-name"),
+        pytest.param("http://0.0.0.0:8000", False, id="any"),
+    ],
+)
+def test_loopback_only_by_default(url, allowed):
+    if allowed:
+        check_target(url, allow_non_loopback=False)
+    else:
+        with pytest.raises(TargetRefused, match="--allow-non-loopback"):
+            check_target(url, allow_non_loopback=False)
+        check_target(url, allow_non_loopback=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"duration_s": 0}, id="duration"),
+        pytest.param({"warmup_s": 700.0}, id="warmup-longer-than-duration"),
+        pytest.param({"concurrency": 0}, id="concurrency"),
+        pytest.param({"endpoint": "/v1/embeddings"}, id="endpoint"),
+        pytest.param({"time_scale": 0}, id="time-scale"),
+    ],
+)
+def test_invalid_spec_names_field(kwargs):
+    field = next(iter(kwargs)).split("_s")[0]
+    with pytest.raises(ValueError, match=field):
+        LoadSpec(**kwargs)
