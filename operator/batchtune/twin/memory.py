@@ -1,0 +1,225 @@
+"""GPU memory plan of a vLLM V1 engine: weights, profiled activation peak, CUDA graphs, the KV pool.
+
+Follows `gpu_worker.determine_available_memory` and `kv_cache_utils`:
+  requested     = total x gpu_memory_utilization                 (total, not free, memory)
+  KV pool       = requested - weights - activation peak - non-torch - CUDA-graph estimate
+  blocks        = KV pool // (block_size x KV bytes per token)
+Startup failures carry vLLM's own message text. See docs/twin.md for the equations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchtune.twin.catalog import GIB, MIB
+from batchtune.twin.config import ServeConfig
+
+CUDA_CONTEXT_GIB = 0.5
+"""CUDA context + cuBLAS workspace, allocated before vLLM measures free memory (outside the budget)."""
+NON_TORCH_GIB = 0.2
+"""Non-torch allocations vLLM's profiler sees (allocator, NCCL off)."""
+NCCL_GIB = 0.3
+"""Extra non-torch memory with tensor parallelism (NCCL buffers)."""
+CUDAGRAPH_MIB_PER_SIZE_LAYER = 0.25
+"""CUDA-graph pool growth per captured batch size per layer (piecewise graphs)."""
+RUNTIME_FRAGMENT_FRACTION = 0.5
+"""Runtime allocations the profile run does not see, as a fraction of the profiled activation peak
+(caching-allocator fragmentation, sampler sorts); used by the runtime-OOM rule."""
+RUNTIME_FIXED_GIB = 0.15
+
+DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
+
+
+class StartupFailure(Exception):
+    """vLLM failed to start: `message` is vLLM's own text, `exc_type` the Python exception it raised."""
+
+    def __init__(self, message: str, exc_type: str = "ValueError"):
+        super().__init__(message)
+        self.message = message
+        self.exc_type = exc_type
+
+    def __str__(self) -> str:
+        return f"{self.exc_type}: {self.message}"
+
+
+class RuntimeOutOfMemory(Exception):
+    """The engine booted but ran out of GPU memory under load (torch.OutOfMemoryError)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"torch.OutOfMemoryError: {self.message}"
+
+
+def cudagraph_capture_sizes(cfg: ServeConfig) -> list[int]:
+    """vLLM `_set_cudagraph_sizes`: [1, 2, 4] + range(8, 256, 8) + range(256, max+1, 16), capped."""
+    if cfg.enforce_eager:
+        return []
+    max_size = min(cfg.max_num_seqs * 2, 512, cfg.max_num_batched_tokens)
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
+    return [s for s in sizes if s <= max_size]
+
+
+def weight_bytes(cfg: ServeConfig) -> float:
+    """Weight bytes on one GPU: body at the quantized width, embeddings/LM head at 16 bits, split by TP."""
+    m = cfg.model
+    body = m.body_params * cfg.weight_bits / 8
+    embed = m.embedding_params * (4 if cfg.weight_bits == 32 else 2)
+    return (body + embed) / cfg.tensor_parallel_size
+
+
+def activation_bytes(cfg: ServeConfig, num_tokens: int, num_seqs: int) -> float:
+    """Peak activation of a forward pass over `num_tokens` tokens that samples `num_seqs` sequences.
+
+    Per token: gate/up output (2I) + SiLU-mul output (I) in 16-bit = 6I bytes, plus ~6 hidden-size
+    buffers (residual, norm, qkv, attention out) = 12H bytes; per sampled sequence fp32 logits and
+    probabilities (8V bytes).
+    """
+    m = cfg.model
+    tp = cfg.tensor_parallel_size
+    per_token = (6 * m.intermediate_size / tp) + 12 * m.hidden_size
+    per_seq = 8 * m.vocab_size / tp
+    return num_tokens * per_token + num_seqs * per_seq
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    total_gib: float
+    requested_gib: float
+    weights_gib: float
+    activation_gib: float
+    non_torch_gib: float
+    cudagraph_gib: float
+    kv_cache_gib: float
+    kv_bytes_per_token: int
+    block_size: int
+    num_gpu_blocks: int
+    kv_cache_tokens: int
+    max_model_len: int
+    max_concurrency_at_max_len: float
+    fb_used_mib: int
+    runtime_oom_tokens: int | None
+    """Smallest scheduled-token count per step that runs out of memory at runtime; None = never."""
+
+    @property
+    def runtime_oom_risk(self) -> bool:
+        return self.runtime_oom_tokens is not None
+
+    def log_lines(self) -> list[str]:
+        """The startup lines vLLM logs about memory and the KV cache."""
+        return [
+            f"Model loading took {self.weights_gib:.4f} GiB",
+            f"Available KV cache memory: {self.kv_cache_gib:.2f} GiB",
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency_at_max_len:.2f}x",
+        ]
+
+    def runtime_oom_message(self, num_tokens: int) -> str:
+        free_mib = max(0.0, (self.total_gib * GIB - self.fb_used_mib * MIB) / MIB)
+        tried = max(free_mib + 2.0, 20.0)
+        return (f"CUDA out of memory. Tried to allocate {tried:.2f} MiB. GPU 0 has a total capacity of "
+                f"{self.total_gib:.2f} GiB of which {free_mib:.2f} MiB is free. Including non-PyTorch memory, "
+                f"this process has {self.fb_used_mib / 1024:.2f} GiB memory in use. "
+                f"(step of {num_tokens} tokens; gpu_memory_utilization leaves too little headroom)")
+
+
+def check_config(cfg: ServeConfig) -> None:
+    """vLLM's config validation at startup (SchedulerConfig / ModelConfig / ParallelConfig)."""
+    m = cfg.model
+    if cfg.max_model_len > m.max_model_len:
+        raise StartupFailure(
+            f"User-specified max_model_len ({cfg.max_model_len}) is greater than the derived max_model_len "
+            f"(max_position_embeddings={m.max_model_len} or model_max_length=None in model's config.json). "
+            "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution.")
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+        raise StartupFailure(
+            f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be greater than or equal to "
+            f"max_num_seqs ({cfg.max_num_seqs}).")
+    if not cfg.enable_chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+        raise StartupFailure(
+            f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) is smaller than max_model_len "
+            f"({cfg.max_model_len}). This effectively limits the maximum sequence length to "
+            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+            "max_num_batched_tokens or decrease max_model_len.")
+    if m.num_heads % cfg.tensor_parallel_size:
+        raise StartupFailure(
+            f"Total number of attention heads ({m.num_heads}) must be divisible by tensor parallel size "
+            f"({cfg.tensor_parallel_size}).")
+    if cfg.block_size not in (8, 16, 32, 64, 128):
+        raise StartupFailure(f"Invalid block_size {cfg.block_size}: must be one of 8, 16, 32, 64, 128.")
+
+
+def plan_memory(cfg: ServeConfig) -> MemoryPlan:
+    """The memory plan vLLM would arrive at for `cfg`, or StartupFailure with vLLM's message."""
+    check_config(cfg)
+    total = cfg.gpu.memory_gib * GIB
+    requested = total * cfg.gpu_memory_utilization
+    free_at_start = total - CUDA_CONTEXT_GIB * GIB
+    if free_at_start < requested:
+        raise StartupFailure(
+            f"Free memory on device cuda:0 ({free_at_start / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less "
+            f"than desired GPU memory utilization ({cfg.gpu_memory_utilization}, {requested / GIB:.2f} GiB). "
+            "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+    weights = weight_bytes(cfg)
+    if weights > free_at_start:
+        raise StartupFailure(
+            f"CUDA out of memory. Tried to allocate {min(weights, 2 * GIB) / MIB:.2f} MiB. GPU 0 has a total "
+            f"capacity of {total / GIB:.2f} GiB of which {0.0:.2f} MiB is free. (while loading model weights of "
+            f"{weights / GIB:.2f} GiB)", exc_type="torch.OutOfMemoryError")
+    activation = activation_bytes(cfg, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+    non_torch = (NON_TORCH_GIB + (NCCL_GIB if cfg.tensor_parallel_size > 1 else 0.0)) * GIB
+    sizes = cudagraph_capture_sizes(cfg)
+    cudagraph = len(sizes) * cfg.model.num_layers * CUDAGRAPH_MIB_PER_SIZE_LAYER * MIB
+    available = requested - weights - activation - non_torch - cudagraph
+    if available <= 0:
+        raise StartupFailure(
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            f"initializing the engine. See {DOCS_URL} for more details.")
+    kv_per_token = cfg.kv_bytes_per_token
+    block_bytes = kv_per_token * cfg.block_size
+    num_blocks = int(available // block_bytes)
+    needed = math.ceil(cfg.max_model_len / cfg.block_size) * block_bytes
+    if needed > available:
+        estimated = min(cfg.max_model_len - 1, num_blocks * cfg.block_size)
+        estimate_msg = (f" Based on the available memory, the estimated maximum model length is {estimated}."
+                        if estimated > 0 else "")
+        raise StartupFailure(
+            f"To serve at least one request with the models's max seq len ({cfg.max_model_len}), "
+            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({available / GIB:.2f} GiB).{estimate_msg} Try increasing `gpu_memory_utilization` or decreasing "
+            f"`max_model_len` when initializing the engine. See {DOCS_URL} for more details.")
+    kv_tokens = num_blocks * cfg.block_size
+    fb_used = CUDA_CONTEXT_GIB * GIB + requested
+    return MemoryPlan(
+        total_gib=total / GIB,
+        requested_gib=requested / GIB,
+        weights_gib=weights / GIB,
+        activation_gib=activation / GIB,
+        non_torch_gib=non_torch / GIB,
+        cudagraph_gib=cudagraph / GIB,
+        kv_cache_gib=available / GIB,
+        kv_bytes_per_token=kv_per_token,
+        block_size=cfg.block_size,
+        num_gpu_blocks=num_blocks,
+        kv_cache_tokens=kv_tokens,
+        max_model_len=cfg.max_model_len,
+        max_concurrency_at_max_len=kv_tokens / cfg.max_model_len,
+        fb_used_mib=int(min(fb_used, total) / MIB),
+        runtime_oom_tokens=_runtime_oom_tokens(cfg, total, fb_used),
+    )
+
+
+def _runtime_oom_tokens(cfg: ServeConfig, total: float, fb_used: float) -> int | None:
+    """Runtime-OOM rule: a step of T tokens needs RUNTIME_FIXED + RUNTIME_FRAGMENT x activation(T) beyond
+    the profiled budget; it fails when that exceeds the memory left outside the budget (total - used)."""
+    headroom = total - fb_used
+    per_token = activation_bytes(cfg, 1, 0) * RUNTIME_FRAGMENT_FRACTION
+    fixed = RUNTIME_FIXED_GIB * GIB + activation_bytes(cfg, 0, cfg.max_num_seqs) * RUNTIME_FRAGMENT_FRACTION
+    if fixed + per_token * cfg.max_num_batched_tokens <= headroom:
+        return None
+    return max(1, math.ceil((headroom - fixed) / per_token))
