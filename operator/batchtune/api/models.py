@@ -249,6 +249,10 @@ class _Spec(BaseModel):
         use_attribute_docstrings=True,
     )
 
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase JSON form for the API server; unset fields are left out (the CRD has no nulls)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
 
 class _Status(BaseModel):
     model_config = ConfigDict(
@@ -258,6 +262,10 @@ class _Status(BaseModel):
         extra="ignore",
         use_attribute_docstrings=True,
     )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase JSON form for the API server; unset fields are left out (the CRD has no nulls)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # ---------------------------------------------------------------------------------------------
