@@ -1,0 +1,68 @@
+"""`python -m batchtune.nodeagent`: run the node agent until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from batchtune.nodeagent.products import PRODUCTS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m batchtune.nodeagent",
+        description=(
+            "Register GPU nodes with a Kubernetes API server and run the pods scheduled on them as "
+            "local processes, each on its own loopback IP, with dcgm-exporter-style GPU metrics. "
+            "Stops every process it started on SIGTERM/SIGINT."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig of an identity that may write nodes, leases, pods/status "
+                        "and delete pods (default: $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument("--state-dir", required=True, type=Path,
+                        help="directory for state.json (IP/GPU allocations, PIDs), pod working dirs and logs; "
+                        "reuse it across restarts so running processes are re-adopted")
+    parser.add_argument("--nodes", type=int, default=2, help="number of nodes to register")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu capacity of each node")
+    parser.add_argument("--gpu-product", default="NVIDIA-H100-80GB-HBM3",
+                        help=f"nvidia.com/gpu.product label; known: {', '.join(sorted(PRODUCTS))}")
+    parser.add_argument("--node-prefix", default="gpu-node-", help="node names are PREFIX0, PREFIX1, ...")
+    parser.add_argument("--metrics-address", default="127.0.0.1:9400",
+                        help="HOST:PORT for the GPU metrics (/metrics); port 0 picks a free one")
+    parser.add_argument("--image-map", help="YAML file of image -> local command rules tried before the built-ins "
+                        "(*vllm* -> batchtune twin vllm, *batchtune* -> batchtune CLI)")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="passed to processes as BATCHTUNE_TIME_SCALE; also divides restart back-off and "
+                        "probe delays/periods")
+    parser.add_argument("--pod-network", default="127.1.0.0/16", help="loopback CIDR pod IPs are taken from")
+    parser.add_argument("--cpu", default="192", help="cpu capacity per node")
+    parser.add_argument("--memory", default="2Ti", help="memory capacity per node")
+    parser.add_argument("--max-pods", type=int, default=110, help="pods capacity per node")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.time_scale <= 0:
+        print(f"--time-scale must be > 0, got {args.time_scale}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    from batchtune.nodeagent.agent import AgentConfig, NodeAgent
+
+    config = AgentConfig(
+        kubeconfig=args.kubeconfig, context=args.context, state_dir=args.state_dir.resolve(), nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product, metrics_address=args.metrics_address,
+        image_map=args.image_map, time_scale=args.time_scale, node_prefix=args.node_prefix,
+        pod_network=args.pod_network, cpu=args.cpu, memory=args.memory, max_pods=args.max_pods,
+    )
+    return NodeAgent(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
