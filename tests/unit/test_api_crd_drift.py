@@ -144,3 +144,25 @@ def test_printer_columns_point_at_fields_that_exist() -> None:
             continue
         field = path.split("[?", 1)[0]
         assert field in crd_paths, f"printer column {column['name']} reads {column['jsonPath']}, not in the schema"
+
+
+def test_status_written_by_the_models_passes_the_crd() -> None:
+    from datetime import datetime, timezone
+
+    from batchtune.api import (AppliedRecord, Condition, Knee, Phase, Recommendation, Setting, TrialMetrics,
+                               TrialRecord, TrialState, Verdict)
+
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    setting = Setting(max_num_seqs=64, gpu_memory_utilization_percent=90, max_num_batched_tokens=8192)
+    status = BatchTuningStatus(
+        observed_generation=2, phase=Phase.VERIFYING, trials_planned=3, trials_completed=1,
+        conditions=[Condition(type="Progressing", status="True", reason="Verifying", last_transition_time=now)],
+        trials=[TrialRecord(index=0, name="bt-trial-0", setting=setting, state=TrialState.DONE, started_at=now,
+                            metrics=TrialMetrics(itl_ms=float("nan"), output_throughput=1800.0, custom_ratio=0.5),
+                            verdict=Verdict.UNKNOWN, verdict_reason="itl missing")],
+        best_trial="bt-trial-0", best_setting=setting.summary(), knee=Knee(max_num_seqs=64, reason="flat"),
+        recommendation=Recommendation(setting=setting, args=["--max-num-seqs", "64"], reason="best"),
+        applied=AppliedRecord(previous_args=["a"], new_args=["b"], applied_at=now),
+    )
+    obj = yaml.safe_load((SAMPLES / "batchtuning-minimal.yaml").read_text()) | {"status": status.to_wire()}
+    assert api_crd.validate(obj) == []

@@ -1,0 +1,69 @@
+"""`batchtune validate`: exit status and one line per object or per field error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batchtune.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL = REPO / "manifests" / "samples" / "batchtuning-minimal.yaml"
+FULL = REPO / "manifests" / "samples" / "batchtuning-full.yaml"
+INVALID = REPO / "tests" / "data" / "invalid"
+
+
+def test_valid_files_print_valid_per_object_and_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-f", str(MINIMAL), "-f", str(FULL)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{MINIMAL}: llama-8b: valid",
+        f"{FULL}: inference/llama-70b: valid",
+    ]
+
+
+@pytest.mark.parametrize("name, line", [
+    pytest.param("24-parallel-above-max-trials.yaml",
+                 "spec.strategy.maxParallelTrials: must not exceed maxTrials 4 (got 8)", id="cross-field"),
+    pytest.param("38-prometheus-url-no-scheme.yaml",
+                 'spec.prometheus.url: must start with http:// or https:// (got "prometheus.monitoring.svc:9090")', id="url"),
+    pytest.param("01-missing-target-ref.yaml", "spec.targetRef: required field is missing", id="missing"),
+])
+def test_invalid_file_prints_file_field_message_and_value(name: str, line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = INVALID / name
+    assert main(["validate", "-f", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [f"{path}: {line}"]
+
+
+def test_one_bad_file_fails_the_run_but_every_file_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    bad = INVALID / "35-trial-measure-too-short.yaml"
+    assert main(["validate", "-f", str(bad), "-f", str(MINIMAL)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{bad}: spec.trial.measureSeconds: must be at least 5 (got 1)", f"{MINIMAL}: llama-8b: valid"]
+
+
+def test_multi_document_files_name_the_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(MINIMAL.read_text() + "---\n" + (INVALID / "30-slo-headroom-negative.yaml").read_text())
+    assert main(["validate", "-f", str(path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}[1]: llama-8b: valid",
+        f"{path}[2]: spec.slo.headroomPercent: must be at least 0 (got -5)",
+    ]
+
+
+@pytest.mark.parametrize("content, needle", [
+    pytest.param("", "no BatchTuning found", id="empty"),
+    pytest.param("a: [b\n", "not valid YAML", id="broken-yaml"),
+    pytest.param("apiVersion: v1\nkind: Pod\n", "kind: must be BatchTuning (got \"Pod\")", id="other-kind"),
+])
+def test_files_without_a_batchtuning_fail(tmp_path: Path, content: str, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(content)
+    assert main(["validate", "-f", str(path)]) == 1
+    assert needle in capsys.readouterr().out
+
+
+def test_unreadable_file_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-f", str(tmp_path / "absent.yaml")]) == 1
+    assert "cannot read" in capsys.readouterr().err
