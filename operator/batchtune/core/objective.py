@@ -1,0 +1,55 @@
+"""Objective values (all maximised) from a trial's status metrics."""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any, Mapping
+
+
+class Objective(StrEnum):
+    SLO_CAPACITY = "SloCapacity"
+    OUTPUT_THROUGHPUT = "OutputThroughput"
+    GPU_UTILIZATION = "GpuUtilization"
+    TOKENS_PER_JOULE = "TokensPerJoule"
+
+
+OBJECTIVE_UNITS = {
+    Objective.SLO_CAPACITY: "req/s",
+    Objective.OUTPUT_THROUGHPUT: "tok/s",
+    Objective.GPU_UTILIZATION: "%",
+    Objective.TOKENS_PER_JOULE: "tok/J",
+}
+
+
+def _get(metrics: Mapping[str, Any], name: str) -> float | None:
+    value = metrics.get(name)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def objective_value(objective: Objective | str, metrics: Mapping[str, Any]) -> float | None:
+    """The objective from status metrics, or None when what it needs was not measured.
+
+    SloCapacity: `sloCapacity` (highest load sustained within the SLO), else the request throughput
+    the trial sustained. GpuUtilization: SM active when exported (GPU_UTIL is near 100% whenever any
+    kernel runs), else GPU_UTIL. TokensPerJoule: output tokens/s over watts.
+    """
+    objective = Objective(objective)
+    if objective is Objective.SLO_CAPACITY:
+        value = _get(metrics, "sloCapacity")
+        return value if value is not None else _get(metrics, "requestThroughput")
+    if objective is Objective.OUTPUT_THROUGHPUT:
+        return _get(metrics, "outputThroughput")
+    if objective is Objective.GPU_UTILIZATION:
+        value = _get(metrics, "smActivePercent")
+        return value if value is not None else _get(metrics, "gpuUtilPercent")
+    throughput, watts = _get(metrics, "outputThroughput"), _get(metrics, "powerWatts")
+    if throughput is None or watts is None or watts <= 0:
+        return None
+    return throughput / watts

@@ -1,0 +1,165 @@
+"""Selection: the best SLO-meeting setting, kept at or below the knee when that costs little.
+
+Rules, in order:
+1. Only trials that finished (Done), whose SLO verdict is Met, whose metrics still meet the SLO
+   when re-evaluated, and whose objective was measured are eligible. Repeats of a setting are
+   eligible only when every repeat is; their objective is the mean.
+2. The best eligible setting by objective wins (ties: the smaller, cheaper setting).
+3. Knee: in the winner's (gmu, mbt) column, if the winner sits past the knee of the max-num-seqs
+   curve and an eligible setting at or below the knee reaches at least (100 - headroom)% of the
+   winner's objective, that setting is chosen instead: the margin absorbs traffic peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from batchtune.core.knee import KNEE_GAIN_PERCENT, CurvePoint, Knee, curve_point, find_knee
+from batchtune.core.objective import OBJECTIVE_UNITS, Objective, objective_value
+from batchtune.core.outcomes import TrialOutcome, TrialState, Verdict
+from batchtune.core.settings import Setting
+from batchtune.core.slo import SloTargets, evaluate_slo
+
+_OBJECTIVE_WORDS = {
+    Objective.SLO_CAPACITY: "SLO capacity",
+    Objective.OUTPUT_THROUGHPUT: "output throughput",
+    Objective.GPU_UTILIZATION: "GPU utilization",
+    Objective.TOKENS_PER_JOULE: "tokens per joule",
+}
+
+
+@dataclass(frozen=True)
+class CompletedTrial:
+    name: str
+    setting: Setting
+    outcome: TrialOutcome
+
+
+@dataclass(frozen=True)
+class Selection:
+    best: Setting | None
+    best_trial: str | None
+    """Name of the chosen setting's trial (its first repeat)."""
+    knee: Knee | None
+    reason: str
+    verdicts: Mapping[str, str] = field(default_factory=dict)
+    """Trial name -> why it was chosen or not."""
+
+
+def _fmt(objective: Objective, value: float) -> str:
+    return f"{_OBJECTIVE_WORDS[objective]} {value:.4g} {OBJECTIVE_UNITS[objective]}"
+
+
+def _rejection(trial: CompletedTrial, objective: Objective, slo: SloTargets | None) -> str | None:
+    outcome = trial.outcome
+    detail = outcome.message or outcome.reason
+    if outcome.state is not TrialState.DONE:
+        return f"rejected: trial {outcome.state.value}" + (f" ({detail})" if detail else "")
+    if outcome.verdict is not Verdict.MET:
+        word = "violated" if outcome.verdict is Verdict.VIOLATED else "unknown"
+        return f"rejected: SLO {word}" + (f" ({detail})" if detail else "")
+    if slo is not None:
+        again = evaluate_slo(outcome.metrics, slo)
+        if again.verdict is not Verdict.MET:
+            return f"rejected: SLO {again.verdict.value.lower()} on re-evaluation ({again.reason})"
+    value = outcome.objective if outcome.objective is not None else objective_value(objective, outcome.metrics)
+    if value is None:
+        return f"rejected: {_OBJECTIVE_WORDS[objective]} was not measured"
+    return None
+
+
+def _value(outcome: TrialOutcome, objective: Objective) -> float:
+    value = outcome.objective if outcome.objective is not None else objective_value(objective, outcome.metrics)
+    assert value is not None
+    return value
+
+
+def select_best(
+    trials: Sequence[CompletedTrial],
+    objective: Objective | str = Objective.SLO_CAPACITY,
+    slo: SloTargets | None = None,
+    knee_threshold_percent: float = KNEE_GAIN_PERCENT,
+) -> Selection:
+    """Pick the setting to recommend; `slo` (when given) re-checks every Met verdict."""
+    objective = Objective(objective)
+    headroom = slo.headroom_percent if slo is not None else 0
+    verdicts: dict[str, str] = {}
+    by_setting: dict[Setting, list[CompletedTrial]] = {}
+    for trial in trials:
+        by_setting.setdefault(trial.setting, []).append(trial)
+        rejection = _rejection(trial, objective, slo)
+        if rejection:
+            verdicts[trial.name] = rejection
+    eligible: dict[Setting, float] = {}
+    for setting, group in by_setting.items():
+        failed = [t.name for t in group if t.name in verdicts]
+        if failed:
+            for t in group:
+                verdicts.setdefault(t.name, f"rejected: another repeat of {setting.label()} ({failed[0]}) was rejected")
+            continue
+        eligible[setting] = sum(_value(t.outcome, objective) for t in group) / len(group)
+
+    knees = _knees(by_setting, knee_threshold_percent)
+    if not eligible:
+        knee = next(iter(knees.values()), None)
+        reason = (
+            f"no trial met the SLO among {len(trials)} trial(s)" if trials else "no trial has finished"
+        )
+        return Selection(None, None, knee, reason, verdicts)
+
+    ranked = sorted(eligible, key=lambda s: (-eligible[s], s.max_num_seqs, s.sort_key()))
+    top = ranked[0]
+    chosen, knee = top, knees.get(top.column)
+    reason = f"{top.label()}: highest {_fmt(objective, eligible[top])} of {len(eligible)} setting(s) meeting the SLO"
+    if knee is not None and top.max_num_seqs > knee.max_num_seqs:
+        below = [s for s in ranked if s.column == top.column and s.max_num_seqs <= knee.max_num_seqs]
+        floor = eligible[top] * (100 - headroom) / 100
+        if below and eligible[below[0]] >= floor:
+            chosen = below[0]
+            reason = (
+                f"{chosen.label()}: at or below the knee (max-num-seqs {knee.max_num_seqs}: {knee.reason}); "
+                f"{_fmt(objective, eligible[chosen])} is within {headroom}% of the best "
+                f"({top.label()}, {eligible[top]:.4g}), so the margin is kept"
+            )
+        else:
+            reason += f"; past the knee at max-num-seqs {knee.max_num_seqs}, but staying below it would cost more than the {headroom}% headroom"
+    elif knee is not None:
+        reason += f"; knee at max-num-seqs {knee.max_num_seqs}"
+
+    best_trial = by_setting[chosen][0].name
+    for setting, value in eligible.items():
+        for t in by_setting[setting]:
+            if setting == chosen:
+                verdicts[t.name] = f"chosen: {reason}"
+            elif setting == top:
+                verdicts[t.name] = f"not chosen: best {_fmt(objective, value)} but past the knee; {chosen.label()} keeps headroom"
+            else:
+                verdicts[t.name] = (
+                    f"not chosen: met the SLO with {_fmt(objective, value)}, below {eligible[chosen]:.4g} of {chosen.label()}"
+                    if value < eligible[chosen] else
+                    f"not chosen: met the SLO with {_fmt(objective, value)}, but past the knee of its column"
+                )
+    return Selection(chosen, best_trial, knee, reason, verdicts)
+
+
+def _knees(by_setting: Mapping[Setting, list[CompletedTrial]], threshold: float) -> dict[tuple[int, int | None], Knee]:
+    """Knee per (gmu, mbt) column from every Done trial (the curve is physical, met or not)."""
+    columns: dict[tuple[int, int | None], list[CurvePoint]] = {}
+    for setting, group in by_setting.items():
+        done = [t for t in group if t.outcome.state is TrialState.DONE]
+        points = [p for t in done if (p := curve_point(setting.max_num_seqs, t.outcome.metrics))]
+        if not points:
+            continue
+        latencies = [p.latency_ms for p in points if p.latency_ms is not None]
+        columns.setdefault(setting.column, []).append(CurvePoint(
+            setting.max_num_seqs,
+            sum(p.throughput for p in points) / len(points),
+            sum(latencies) / len(latencies) if latencies else None,
+        ))
+    knees = {}
+    for column, points in columns.items():
+        knee = find_knee(points, threshold)
+        if knee is not None:
+            knees[column] = knee
+    return knees

@@ -1,0 +1,314 @@
+"""Adaptive: bracket and bisect max-num-seqs per (gmu, mbt) column, then refine around the knee.
+
+Latency grows with max-num-seqs, so within a column the SLO verdict is Met up to a boundary and
+Violated past it: bisection finds the largest SLO-meeting setting in about log2(n) trials.
+What the history proves is skipped:
+- larger max-num-seqs than one that violated the SLO (dominated);
+- settings that need at least the memory of one that failed with a memory error: more seqs, at the
+  same or LOWER gmu and same or larger mbt (lower gmu leaves less memory, so it fails too);
+- every gmu at or above one where vLLM found less free memory than the gmu asks for;
+- a higher gmu column when the lower one was not KV-bound at its boundary (no preemptions, KV
+  usage under 90%): more KV cache would not change its latency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from batchtune.core.knee import curve_point, find_knee
+from batchtune.core.outcomes import (
+    MEMORY_REASONS,
+    REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH,
+    HistoryEntry,
+    TrialOutcome,
+    TrialState,
+    Verdict,
+)
+from batchtune.core.planning import PrunedSetting
+from batchtune.core.settings import Setting
+from batchtune.core.strategies._base import Strategy
+from batchtune.core.objective import objective_value
+
+KV_BOUND_USAGE_PERCENT = 90.0
+"""KV-cache usage at or above this (or any preemption) means more GPU memory could help."""
+
+Column = tuple[int, int | None]
+
+
+class _Kind(Enum):
+    MET = "met"
+    VIOLATED = "violated"  # SLO violated, or too big for memory: an upper bound on max-num-seqs
+    NOINFO = "noinfo"  # unknown verdict or an unrelated failure: says nothing about the boundary
+
+
+def _classify(outcome: TrialOutcome) -> _Kind:
+    if outcome.met:
+        return _Kind.MET
+    if outcome.state is TrialState.DONE and outcome.verdict is Verdict.VIOLATED:
+        return _Kind.VIOLATED
+    if outcome.state is TrialState.INFEASIBLE and (
+        outcome.reason in MEMORY_REASONS or outcome.reason == REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH
+    ):
+        return _Kind.VIOLATED
+    return _Kind.NOINFO
+
+
+def _mbt_at_least(candidate: int | None, failed: int | None) -> bool:
+    if candidate is None or failed is None:
+        return candidate is None and failed is None
+    return candidate >= failed
+
+
+def blocked_reason(setting: Setting, history: list[HistoryEntry]) -> str | None:
+    """Why memory failures in the history rule this setting out, or None."""
+    for failed, outcome in history:
+        if outcome.state is not TrialState.INFEASIBLE or failed == setting:
+            continue
+        if (
+            outcome.reason == REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH
+            and setting.gpu_memory_utilization_percent >= failed.gpu_memory_utilization_percent
+        ):
+            return (
+                f"infeasible: gmu {setting.gpu_memory_utilization_percent}% >= "
+                f"{failed.gpu_memory_utilization_percent}%, where vLLM found less free GPU memory than asked ({failed.label()})"
+            )
+        if (
+            outcome.reason in MEMORY_REASONS
+            and setting.max_num_seqs >= failed.max_num_seqs
+            and setting.gpu_memory_utilization_percent <= failed.gpu_memory_utilization_percent
+            and _mbt_at_least(setting.max_num_batched_tokens, failed.max_num_batched_tokens)
+        ):
+            return (
+                f"infeasible: needs at least the memory of {failed.label()}, which failed with {outcome.reason}"
+            )
+    return None
+
+
+@dataclass
+class _ColumnState:
+    key: Column
+    settings: tuple[Setting, ...]
+    kinds: dict[int, _Kind] = field(default_factory=dict)
+    outcomes: dict[int, TrialOutcome] = field(default_factory=dict)
+    pending: set[int] = field(default_factory=set)
+    blocked: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def lo(self) -> int:
+        return max((i for i, k in self.kinds.items() if k is _Kind.MET), default=-1)
+
+    @property
+    def hi(self) -> int:
+        lo = self.lo
+        bounds = [i for i, k in self.kinds.items() if k is _Kind.VIOLATED and i > lo]
+        bounds += [i for i in self.blocked if i > lo]
+        return min(bounds, default=len(self.settings))
+
+    def untried(self, i: int) -> bool:
+        return i not in self.kinds and i not in self.pending and i not in self.blocked
+
+    def available(self) -> list[int]:
+        return [i for i in range(self.lo + 1, self.hi) if self.untried(i)]
+
+    @property
+    def converged(self) -> bool:
+        lo, hi = self.lo, self.hi
+        return not self.available() and not any(lo < i < hi for i in self.pending)
+
+    def boundary_seqs(self) -> int | None:
+        if self.lo >= 0:
+            return self.settings[self.lo].max_num_seqs
+        if any(k is _Kind.VIOLATED for k in self.kinds.values()):
+            return self.settings[0].max_num_seqs
+        return None
+
+    def kv_bound(self) -> tuple[bool, str]:
+        """Whether more KV cache could move this column's boundary, and the evidence."""
+        for i, outcome in self.outcomes.items():
+            if outcome.state is TrialState.INFEASIBLE and outcome.reason in MEMORY_REASONS:
+                return True, f"{self.settings[i].label()} failed with {outcome.reason}"
+        if any(r.startswith("infeasible: needs") for r in self.blocked.values()):
+            return True, "larger settings were ruled out by memory"
+        evidence: list[str] = []
+        unknown = True
+        for i in (self.lo, self.hi):
+            outcome = self.outcomes.get(i)
+            if outcome is None:
+                continue
+            preemptions = outcome.metric("preemptionsPerSecond")
+            usage = outcome.metric("kvCacheUsagePercent")
+            if preemptions is not None and preemptions > 0:
+                return True, f"{self.settings[i].label()} preempted {preemptions:g}/s"
+            if usage is not None and usage >= KV_BOUND_USAGE_PERCENT:
+                return True, f"{self.settings[i].label()} used {usage:g}% of the KV cache"
+            if usage is not None or preemptions is not None:
+                unknown = False
+                evidence.append(
+                    f"{self.settings[i].label()}: KV usage {usage if usage is not None else '?'}%, "
+                    f"preemptions {preemptions if preemptions is not None else '?'}/s"
+                )
+        if unknown:
+            return True, "KV usage was not measured, so more memory might help"
+        return False, "; ".join(evidence)
+
+
+def _spread_pick(available: list[int], anchors: set[int]) -> int:
+    """The available index farthest from every anchor (bisection); ties go to the smaller index."""
+    return max(available, key=lambda i: (min(abs(i - a) for a in anchors), -i))
+
+
+class Adaptive(Strategy):
+    kind = "Adaptive"
+
+    def _columns(self, history: list[HistoryEntry], pending: frozenset[Setting]) -> list[_ColumnState]:
+        states = []
+        for key, settings in self.plan.columns().items():
+            state = _ColumnState(key, settings)
+            index = {s: i for i, s in enumerate(settings)}
+            for setting, outcome in history:  # later repeats of a setting override earlier ones
+                if setting in index:
+                    state.kinds[index[setting]] = _classify(outcome)
+                    state.outcomes[index[setting]] = outcome
+            state.pending = {index[s] for s in pending if s in index}
+            for i, setting in enumerate(settings):
+                reason = blocked_reason(setting, history)
+                if reason and i not in state.kinds:
+                    state.blocked[i] = reason
+            states.append(state)
+        return states
+
+    def _gate(self, states: list[_ColumnState]) -> dict[Column, str | None]:
+        """Column -> None (open), "wait" (lower gmu still running) or the reason it is dominated."""
+        gates: dict[Column, str | None] = {}
+        by_key = {s.key: s for s in states}
+        for state in states:
+            gmu, mbt = state.key
+            lower = [k for k in by_key if k[1] == mbt and k[0] < gmu]
+            if not lower:
+                gates[state.key] = None
+                continue
+            prev = by_key[max(lower)]
+            prev_gate = gates[prev.key]
+            if prev_gate is not None:  # waiting or dominated below: the same holds one gmu up
+                gates[state.key] = prev_gate
+                continue
+            if not prev.converged:
+                gates[state.key] = "wait"
+                continue
+            bound, evidence = prev.kv_bound()
+            gates[state.key] = None if bound else (
+                f"dominated: gmu {prev.key[0]}% was not KV-bound at its SLO boundary ({evidence}), "
+                "so more GPU memory would not lower latency"
+            )
+        return gates
+
+    def _hint(self, state: _ColumnState, states: list[_ColumnState]) -> int | None:
+        """Where to start a fresh column: the boundary of the nearest finished column."""
+        done = [s for s in states if s is not state and s.converged and s.kinds]
+        same_mbt = [s for s in done if s.key[1] == state.key[1] and s.key[0] < state.key[0]]
+        same_gmu = [s for s in done if s.key[0] == state.key[0]]
+        for group in (sorted(same_mbt, key=lambda s: -s.key[0]), same_gmu, done):
+            for source in group:
+                seqs = source.boundary_seqs()
+                if seqs is not None:
+                    return seqs
+        return None
+
+    def _probe(self, state: _ColumnState, states: list[_ColumnState]) -> int | None:
+        available = state.available()
+        if not available:
+            return None
+        hint = self._hint(state, states)
+        hint_index = None
+        if hint is not None:
+            hint_index = min(
+                range(len(state.settings)),
+                key=lambda i: (abs(math.log2(state.settings[i].max_num_seqs / hint)), i),
+            )
+        if not state.kinds and not state.pending and hint_index is not None:
+            return min(available, key=lambda i: (abs(i - hint_index), i))
+        if len(state.kinds) == 1 and not state.pending and hint_index is not None:
+            (i, kind), = state.kinds.items()
+            step = {_Kind.MET: 1, _Kind.VIOLATED: -1}.get(kind)
+            if i == hint_index and step and i + step in available:
+                return i + step  # bracket next to the hinted boundary before bisecting
+        anchors = {state.lo, state.hi} | state.pending
+        anchors |= {i for i, k in state.kinds.items() if k is _Kind.NOINFO}
+        return _spread_pick(available, anchors)
+
+    def _knee_probe(self, state: _ColumnState) -> int | None:
+        """One more point near the knee, so selection can tell where gains flatten."""
+        mets = sorted(i for i, k in state.kinds.items() if k is _Kind.MET)
+        points = {i: p for i in mets if (p := curve_point(state.settings[i].max_num_seqs, state.outcomes[i].metrics))}
+        measured = sorted(points)
+        if not measured:
+            return None
+        if len(measured) == 1:
+            below = measured[0] - 1
+            return below if below >= 0 and state.untried(below) else None
+        knee = find_knee(list(points.values()))
+        if knee is None:
+            return None
+        a = next(i for i in measured if state.settings[i].max_num_seqs == knee.max_num_seqs)
+        b = measured[measured.index(a) + 1]
+        between = [i for i in range(a + 1, b) if state.untried(i)]
+        if between:
+            return _spread_pick(between, {a, b})
+        if a == measured[0] and a > 0 and state.untried(a - 1):
+            return a - 1  # the knee may sit lower still
+        return None
+
+    def _best_column(self, states: list[_ColumnState]) -> _ColumnState | None:
+        best: tuple[float, _ColumnState] | None = None
+        for state in states:
+            for i, outcome in state.outcomes.items():
+                if state.kinds.get(i) is not _Kind.MET:
+                    continue
+                value = outcome.objective
+                if value is None:
+                    value = objective_value(self.objective, outcome.metrics)
+                if value is not None and (best is None or value > best[0]):
+                    best = (value, state)
+        return best[1] if best else None
+
+    def _next(self, history: list[HistoryEntry], pending: frozenset[Setting]) -> Setting | None:
+        states = self._columns(history, pending)
+        gates = self._gate(states)
+        for state in states:
+            if gates[state.key] is None:
+                probe = self._probe(state, states)
+                if probe is not None:
+                    return state.settings[probe]
+        if any(g == "wait" for g in gates.values()) or any(
+            not s.converged for s in states if gates[s.key] is None
+        ):
+            return None  # a column is still bracketing; its pending trials decide what comes next
+        best = self._best_column(states)
+        if best is not None:
+            probe = self._knee_probe(best)
+            if probe is not None:
+                return best.settings[probe]
+        return None
+
+    def skipped(self, history: list[HistoryEntry] | None = None) -> list[PrunedSetting]:
+        entries = list(self._told if history is None else history)
+        states = self._columns(entries, frozenset())
+        gates = self._gate(states)
+        out: list[PrunedSetting] = []
+        for state in states:
+            gate = gates[state.key]
+            lo, hi = state.lo, state.hi
+            for i, setting in enumerate(state.settings):
+                if i in state.kinds:
+                    continue
+                if i in state.blocked:
+                    out.append(PrunedSetting(setting, state.blocked[i]))
+                elif gate not in (None, "wait"):
+                    out.append(PrunedSetting(setting, gate))
+                elif i >= hi and hi in state.kinds:
+                    out.append(PrunedSetting(
+                        setting, f"dominated: {state.settings[hi].label()} already violated the SLO"
+                    ))
+        return out
