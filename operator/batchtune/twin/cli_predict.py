@@ -1,0 +1,97 @@
+"""`batchtune twin predict`: what-if metrics for one vLLM setting and workload, without a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def add_parser(twin_sub: argparse._SubParsersAction) -> None:
+    p = twin_sub.add_parser(
+        "predict", help="predict vLLM serving metrics for a setting and workload (no GPU needed)",
+        description="Simulate vLLM V1 on a GPU and print `vllm bench serve`-style metrics, or the startup error.")
+    p.add_argument("--model", required=True, help="model name or HF id, e.g. meta-llama/Llama-3.1-8B-Instruct")
+    p.add_argument("--gpu", required=True, help="GPU name or nvidia.com/gpu.product label, e.g. NVIDIA-H100-80GB-HBM3")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default=None, help="e.g. fp8, awq, gptq (4-bit)")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--input-len", type=int, required=True)
+    p.add_argument("--output-len", type=int, required=True)
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=int, help="closed-loop client concurrency")
+    load.add_argument("--rate", type=float, help="Poisson request rate (req/s); 'inf' needs --num-prompts")
+    p.add_argument("--num-prompts", type=int, default=None, help="bench mode: exactly N requests, whole run measured")
+    p.add_argument("--length-dist", choices=("fixed", "uniform", "exponential"), default="fixed")
+    p.add_argument("--duration", type=float, default=60.0, help="measured window in seconds (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--catalog", default=None, help="YAML file with extra GPUs/models")
+    p.add_argument("-o", "--output", choices=("json", "table"), default="table")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from batchtune.twin.catalog import UnknownGpu, UnknownModel, load_custom_catalog
+    from batchtune.twin.config import ServeConfig
+    from batchtune.twin.predict import Workload, predict
+
+    try:
+        if args.catalog:
+            load_custom_catalog(args.catalog)
+        cfg = ServeConfig(
+            model=args.model, gpu=args.gpu, max_num_seqs=args.max_num_seqs,
+            gpu_memory_utilization=args.gpu_memory_utilization, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype,
+            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+        workload = Workload(args.input_len, args.output_len, concurrency=args.concurrency, request_rate=args.rate,
+                            length_dist=args.length_dist, num_prompts=args.num_prompts)
+    except (UnknownGpu, UnknownModel, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    prediction = predict(cfg, workload, args.duration, seed=args.seed)
+    data = prediction.as_dict()
+    if args.output == "json":
+        print(json.dumps(data, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v))
+    else:
+        _print_table(prediction, data)
+    if prediction.startup_error:
+        print(prediction.startup_error, file=sys.stderr)
+        return 1
+    if prediction.runtime_error:
+        print(prediction.runtime_error, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_table(prediction, data: dict) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cfg = prediction.config
+    title = (f"{cfg.model.name} on {cfg.gpu.name} x{cfg.tensor_parallel_size}: max_num_seqs={cfg.max_num_seqs}, "
+             f"gmu={cfg.gpu_memory_utilization}, max_num_batched_tokens={cfg.max_num_batched_tokens}")
+    if prediction.startup_error:
+        console.print(f"[bold red]Startup failed[/]: {title}")
+        return
+    if prediction.memory is not None:
+        for line in prediction.memory.log_lines():
+            console.print(f"[dim]{line}[/]")
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in data.items():
+        if key in ("model_id", "gpu", "max_num_seqs", "gpu_memory_utilization", "max_num_batched_tokens"):
+            continue
+        if isinstance(value, float):
+            text = f"{value:,.2f}"
+        else:
+            text = "-" if value is None else str(value)
+        table.add_row(key, text)
+    console.print(table)

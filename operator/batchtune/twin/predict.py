@@ -1,0 +1,358 @@
+"""`predict`: a discrete-event simulation of a load test against the twin engine, on a virtual clock.
+
+Closed loop (`concurrency`: each finished request is replaced at once, as `vllm bench serve
+--max-concurrency C --request-rate inf`) or open loop (Poisson `request_rate`, seeded). The engine
+advances step by step (no per-token events); inter-token gaps of requests that decoded in
+consecutive steps are counted per step, so a step costs O(running) pure-Python work.
+
+Metrics use `vllm bench serve` key names and are measured over a window of `duration_s` after a
+warm-up (or, with `num_prompts`, over the whole bench run as `vllm bench serve` does).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from batchtune.twin.config import ServeConfig
+from batchtune.twin.engine import Engine, _Request
+from batchtune.twin.memory import MemoryPlan, RuntimeOutOfMemory, StartupFailure
+
+LengthDist = Literal["fixed", "uniform", "exponential"]
+PERCENTILES = (50, 90, 95, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    input_len: int
+    output_len: int
+    concurrency: int | None = None
+    """Closed-loop client concurrency (`--max-concurrency`)."""
+    request_rate: float | None = None
+    """Poisson arrivals per second (`--request-rate`); `inf` sends everything at t=0 (needs num_prompts)."""
+    length_dist: LengthDist = "fixed"
+    range_ratio: float = 0.5
+    """For `uniform`: lengths drawn from [L(1-r), L(1+r)] (vllm's --random-range-ratio)."""
+    num_prompts: int | None = None
+    """Bench mode: send exactly this many requests and measure the whole run (no warm-up)."""
+    warmup_s: float | None = None
+    """Excluded start of the run; None = automatic (one full turnover of the concurrency, or 10%)."""
+
+    def __post_init__(self) -> None:
+        if self.input_len < 1 or self.output_len < 1:
+            raise ValueError(f"input_len and output_len must be >= 1, got {self.input_len}, {self.output_len}")
+        if (self.concurrency is None) == (self.request_rate is None):
+            raise ValueError("give exactly one of concurrency or request_rate, "
+                             f"got concurrency={self.concurrency}, request_rate={self.request_rate}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"request_rate must be > 0, got {self.request_rate}")
+        if self.request_rate == math.inf and self.num_prompts is None:
+            raise ValueError("request_rate=inf needs num_prompts")
+        if self.length_dist not in ("fixed", "uniform", "exponential"):
+            raise ValueError(f"length_dist must be fixed, uniform or exponential, got {self.length_dist!r}")
+        if not 0 <= self.range_ratio < 1:
+            raise ValueError(f"range_ratio must be in [0, 1), got {self.range_ratio}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    config: ServeConfig
+    workload: Workload
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """`vllm bench serve` keys plus GPU signals; empty on a startup failure."""
+    startup_error: str | None = None
+    """vLLM's own message when the setting does not boot."""
+    runtime_error: str | None = None
+    """torch's out-of-memory message when the setting boots but fails under load."""
+    memory: MemoryPlan | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.startup_error is None and self.runtime_error is None
+
+    def __getitem__(self, key: str) -> Any:
+        return self.metrics[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metrics.get(key, default)
+
+    def as_dict(self) -> dict[str, Any]:
+        cfg = self.config
+        out: dict[str, Any] = {
+            "model_id": cfg.model_id, "gpu": cfg.gpu.name, "max_num_seqs": cfg.max_num_seqs,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "max_concurrency": self.workload.concurrency,
+            "request_rate": "inf" if self.workload.request_rate == math.inf else self.workload.request_rate,
+            "random_input_len": self.workload.input_len, "random_output_len": self.workload.output_len,
+        }
+        if self.startup_error is not None:
+            out["startup_error"] = self.startup_error
+            return out
+        if self.runtime_error is not None:
+            out["runtime_error"] = self.runtime_error
+        if self.memory is not None:
+            out["kv_cache_tokens"] = self.memory.kv_cache_tokens
+            out["num_gpu_blocks"] = self.memory.num_gpu_blocks
+        out.update(self.metrics)
+        return out
+
+
+class _LengthSampler:
+    def __init__(self, wl: Workload, rng: random.Random, max_model_len: int):
+        self.wl, self.rng, self.limit = wl, rng, max_model_len
+
+    def _draw(self, mean: int) -> int:
+        wl = self.wl
+        if wl.length_dist == "fixed":
+            return mean
+        if wl.length_dist == "uniform":
+            lo = max(1, int(mean * (1 - wl.range_ratio)))
+            hi = max(lo, int(mean * (1 + wl.range_ratio)))
+            return self.rng.randint(lo, hi)
+        return max(1, int(self.rng.expovariate(1.0 / mean)))
+
+    def __call__(self) -> tuple[int, int]:
+        prompt = min(self._draw(self.wl.input_len), self.limit - 1)
+        output = min(self._draw(self.wl.output_len), self.limit - prompt)
+        return prompt, output
+
+
+def _summary(name: str, values: Any, out: dict[str, Any]) -> None:
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        for key in (f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms",
+                    *(f"p{p}_{name}_ms" for p in PERCENTILES)):
+            out[key] = None
+        return
+    ms = arr * 1000.0
+    out[f"mean_{name}_ms"] = float(ms.mean())
+    out[f"median_{name}_ms"] = float(np.median(ms))
+    out[f"std_{name}_ms"] = float(ms.std())
+    for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES)):
+        out[f"p{p}_{name}_ms"] = float(v)
+
+
+def predict(cfg: ServeConfig, workload: Workload, duration_s: float, seed: int = 0,
+            noise: float = 0.0) -> Prediction:
+    """Simulate `workload` against `cfg` and return `vllm bench serve`-style metrics.
+
+    `duration_s` is the measured window (after warm-up); with `workload.num_prompts` it is a cap on
+    the simulated run. `noise` (e.g. 0.03) multiplies each metric family by a seeded factor
+    1 + noise*N(0,1), standing in for run-to-run measurement noise.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    try:
+        engine = Engine(cfg, seed=seed)
+    except StartupFailure as exc:
+        return Prediction(cfg, workload, startup_error=str(exc))
+    sim = _Simulation(engine, workload, duration_s, seed)
+    try:
+        sim.run()
+    except RuntimeOutOfMemory as exc:
+        return Prediction(cfg, workload, metrics={"completed": sim.completed_total, "failed": sim.in_flight()},
+                          runtime_error=str(exc), memory=engine.memory)
+    metrics = sim.metrics()
+    if noise:
+        _apply_noise(metrics, noise, seed)
+    return Prediction(cfg, workload, metrics=metrics, memory=engine.memory)
+
+
+def _apply_noise(metrics: dict[str, Any], noise: float, seed: int) -> None:
+    rng = random.Random(seed * 7919 + 17)
+    families = {"throughput": ("request_throughput", "output_throughput", "total_token_throughput")}
+    for name in LATENCY_METRICS:
+        families[name] = tuple(k for k in metrics if k.endswith(f"_{name}_ms"))
+    for keys in families.values():
+        factor = max(0.05, 1.0 + rng.gauss(0.0, noise))
+        for key in keys:
+            if metrics.get(key) is not None:
+                metrics[key] *= factor
+
+
+class _Record:
+    __slots__ = ("prompt", "output")
+
+    def __init__(self, prompt: int, output: int):
+        self.prompt, self.output = prompt, output
+
+
+class _Simulation:
+    def __init__(self, engine: Engine, wl: Workload, duration_s: float, seed: int):
+        self.engine = engine
+        self.wl = wl
+        self.rng = random.Random(seed)
+        self.lengths = _LengthSampler(wl, random.Random(seed + 1), engine.cfg.max_model_len)
+        self.bench = wl.num_prompts is not None
+        self.duration = duration_s
+        self.sent = 0
+        self.completed_total = 0
+        # measurement accumulators
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.e2el: list[float] = []
+        self.itl_gaps: list[float] = []
+        self.itl_step_values: list[float] = []
+        self.itl_step_counts: list[int] = []
+        self.completed = 0
+        self.completed_input = 0
+        self.output_tokens = 0
+        self.busy = 0.0
+        self.sm_active = 0.0
+        self.kv_usage = 0.0
+        self.power_busy = 0.0
+        self.preemptions = 0
+        self.max_running = 0
+        self.window_start = 0.0
+        self.window_end = math.inf
+
+    def in_flight(self) -> int:
+        return self.engine.num_running + self.engine.num_waiting
+
+    def _send(self, now: float) -> None:
+        prompt, output = self.lengths()
+        req = _Request(str(self.sent), prompt, output, now)
+        self.sent += 1
+        self.engine._add(req)
+
+    def _can_send(self) -> bool:
+        return not self.bench or self.sent < self.wl.num_prompts  # type: ignore[operator]
+
+    def run(self) -> None:
+        eng, wl = self.engine, self.wl
+        run = eng._run
+        cost = eng._cost
+        now = 0.0
+        closed = wl.concurrency is not None
+        rate = wl.request_rate
+        next_arrival = math.inf
+        if closed:
+            for _ in range(min(wl.concurrency, wl.num_prompts or wl.concurrency)):  # type: ignore[arg-type]
+                self._send(0.0)
+        elif rate == math.inf:
+            for _ in range(wl.num_prompts):  # type: ignore[arg-type]
+                self._send(0.0)
+        else:
+            next_arrival = self.rng.expovariate(rate)  # type: ignore[arg-type]
+        measuring = self.bench
+        warmup = 0.0 if self.bench else wl.warmup_s
+        if warmup is None and not closed:
+            warmup = min(0.1 * self.duration, 10.0)
+        turnover = wl.concurrency or 0  # auto warm-up for closed loop: C completions
+        if self.bench:
+            self.window_end = self.duration
+        elif warmup is not None:
+            self.window_start, self.window_end = warmup, warmup + self.duration
+        window_start = self.window_start
+        window_end = self.window_end
+
+        while True:
+            while next_arrival <= now and self._can_send():
+                self._send(next_arrival)
+                next_arrival += self.rng.expovariate(rate)  # type: ignore[arg-type]
+            if not self._can_send():
+                next_arrival = math.inf
+            if not eng.has_work():
+                if next_arrival == math.inf:
+                    break
+                now = next_arrival
+                continue
+            step = run(now)
+            if step is None:
+                break
+            t_end = step.t_end
+            if not measuring and t_end > window_start and (warmup is not None):
+                measuring = True
+            if measuring:
+                if t_end > window_end:
+                    break
+                self._record(step, cost)
+            for r in step.finished:
+                self.completed_total += 1
+                if closed and self._can_send():
+                    self._send(t_end)
+            if warmup is None and self.completed_total >= turnover:
+                # closed-loop auto warm-up ends after one full turnover of the client pool
+                warmup = t_end
+                self.window_start, self.window_end = t_end, t_end + self.duration
+                window_start, window_end = self.window_start, self.window_end
+            now = t_end
+            if self.bench and now >= window_end:
+                break
+        if self.bench:
+            self.window_end = min(now, self.window_end)
+
+    def _record(self, step: Any, cost: Any) -> None:
+        d = step.duration
+        self.busy += d
+        n_running = len(self.engine.running) + len(step.finished)
+        if n_running > self.max_running:
+            self.max_running = n_running
+        sm, _, _, _, power = cost.signals(d, step.t_gpu, step.nbytes, step.flops)
+        self.sm_active += sm * d
+        self.power_busy += power * d
+        self.kv_usage += self.engine.kv_usage * d
+        self.preemptions += step.preempted
+        self.output_tokens += len(step.emitted)
+        if step.contiguous:
+            self.itl_step_values.append(d)
+            self.itl_step_counts.append(step.contiguous)
+        if step.gaps:
+            self.itl_gaps.extend(step.gaps)
+        t_end = step.t_end
+        for r in step.emitted:
+            if r.output == 1:
+                self.ttft.append(t_end - r.arrival)
+        for r in step.finished:
+            self.completed += 1
+            self.completed_input += r.prompt
+            self.e2el.append(t_end - r.arrival)
+            if r.output > 1:
+                self.tpot.append((t_end - r.t_first) / (r.output - 1))
+
+    def metrics(self) -> dict[str, Any]:
+        span = self.window_end - self.window_start
+        if not math.isfinite(span) or span <= 0:
+            span = self.duration
+        out: dict[str, Any] = {
+            "duration": span,
+            "completed": self.completed,
+            "failed": 0,
+            "total_input_tokens": self.completed_input,
+            "total_output_tokens": self.output_tokens,
+            "request_throughput": self.completed / span,
+            "output_throughput": self.output_tokens / span,
+            "total_token_throughput": (self.output_tokens + self.completed_input) / span,
+            "max_concurrent_requests": self.max_running,
+        }
+        _summary("ttft", self.ttft, out)
+        _summary("tpot", self.tpot, out)
+        itl = np.repeat(np.asarray(self.itl_step_values, dtype=float), np.asarray(self.itl_step_counts, dtype=int))
+        if self.itl_gaps:
+            itl = np.concatenate([itl, np.asarray(self.itl_gaps, dtype=float)])
+        _summary("itl", itl, out)
+        _summary("e2el", self.e2el, out)
+        busy = min(self.busy, span)
+        gpu = self.engine.cfg.gpu
+        idle_time = max(0.0, span - self.busy)
+        energy = self.power_busy + gpu.idle_w * idle_time
+        out.update({
+            "gpu_util_pct": 100.0 * busy / span,
+            "sm_active_pct": 100.0 * self.sm_active / span,
+            "kv_cache_usage_pct": 100.0 * self.kv_usage / span,
+            "preemptions_per_s": self.preemptions / span,
+            "num_preemptions": self.preemptions,
+            "fb_used_mib": self.engine.fb_used_mib,
+            "power_w": energy / span,
+            "tokens_per_joule": self.output_tokens / energy if energy > 0 else None,
+        })
+        return out
