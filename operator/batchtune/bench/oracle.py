@@ -1,0 +1,71 @@
+"""The oracle: exhaustive noise-free evaluation of a scenario's fine grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from batchtune.bench.evaluate import Evaluation, Judge
+from batchtune.bench.types import Knobs, Load
+
+# Settings whose objectives differ by less than this are ties (the search tolerance of the load).
+TIE_TOLERANCE = 0.005
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    best: Evaluation
+    grid_size: int
+    feasible: int
+    best_at_max_gmu: float
+    """Best objective among settings at the grid's largest gmu."""
+    max_gmu_pct: int
+    saturation_preemptions_per_s: float
+    """Preemption rate of the largest batch at the default gmu under a full closed loop (KV pressure)."""
+
+    @property
+    def objective(self) -> float:
+        return self.best.objective
+
+    @property
+    def best_gmu_below_max(self) -> bool:
+        """True when every setting at the largest gmu is worse than the best by more than the tie tolerance."""
+        return self.best_at_max_gmu < self.best.objective * (1 - 2 * TIE_TOLERANCE)
+
+
+def run_oracle(judge: Judge, extra: Iterable[Knobs] = ()) -> OracleResult:
+    space = judge.scenario.oracle_space
+    grid = space.grid() + [k for k in extra if k not in set(space.grid())]
+    evaluations = [judge.objective(knobs) for knobs in grid]
+    best = max(evaluations, key=_rank)
+    max_gmu = max(space.gpu_memory_utilization_pct)
+    at_max = [e.objective for e in evaluations if e.knobs.gpu_memory_utilization_pct == max_gmu]
+    return OracleResult(
+        best=best,
+        grid_size=len(grid),
+        feasible=sum(e.feasible for e in evaluations),
+        best_at_max_gmu=max(at_max, default=0.0),
+        max_gmu_pct=max_gmu,
+        saturation_preemptions_per_s=_saturation_preemptions(judge),
+    )
+
+
+def _rank(e: Evaluation) -> tuple[float, int, int]:
+    # Among equal objectives prefer less memory and smaller batches (what a careful operator would pick).
+    return (round(e.objective, 6), -e.knobs.gpu_memory_utilization_pct, -e.knobs.max_num_seqs)
+
+
+def _saturation_preemptions(judge: Judge) -> float:
+    sc = judge.scenario
+    knobs = Knobs(max(sc.oracle_space.max_num_seqs), sc.default_gmu_pct, sc.oracle_space.max_num_batched_tokens[0])
+    if not judge.truth.startup(sc, knobs).ok:
+        return 0.0
+    reading = judge.measure(knobs, Load("concurrency", float(knobs.max_num_seqs)))
+    return reading.get("preemptions_per_s", 0.0) if reading.ok else 0.0
+
+
+def regret(oracle_best: float, chosen: float) -> float:
+    """1 - chosen/best, in [0, 1]; a strategy that chose nothing has regret 1."""
+    if oracle_best <= 0:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - chosen / oracle_best))

@@ -1,0 +1,264 @@
+"""Runs every strategy on every scenario, then judges the choices against the oracle."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from batchtune.bench.evaluate import Judge
+from batchtune.bench.oracle import OracleResult, regret, run_oracle
+from batchtune.bench.scenarios import Scenario
+from batchtune.bench.strategies.autotune import AutoTune
+from batchtune.bench.strategies.base import TuningStrategy
+from batchtune.bench.strategies.doubling import Doubling
+from batchtune.bench.strategies.hillclimb import HillClimb
+from batchtune.bench.strategies.tpe import OptunaTpe
+from batchtune.bench.testbed import CostModel, GroundTruth, SimTestbed, derive_seed
+from batchtune.bench.types import Choice, Knobs, Load
+
+BASELINE = "auto_tune"
+RECHECK_REPEATS = 3
+REGRET_TARGET = 0.02
+GPU_MINUTES_RATIO_TARGET = 0.25
+
+
+@dataclass(frozen=True)
+class StrategyRun:
+    strategy: str
+    chosen: str | None
+    chosen_knobs: dict[str, Any] | None
+    claimed_load: str | None
+    objective: float
+    """Noise-free objective of the chosen setting."""
+    regret: float
+    violates: bool
+    """The chosen setting misses the SLO at the load it claims (noise-free), or nothing was chosen."""
+    noisy_violations: int
+    trials: int
+    failed_starts: int
+    load_steps: int
+    gpu_minutes: float
+    note: str
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    scenario: str
+    summary: str
+    tags: tuple[str, ...]
+    objective_unit: str
+    oracle_setting: str
+    oracle_objective: float
+    oracle_grid: int
+    oracle_feasible: int
+    best_gmu_below_max: bool
+    saturation_preemptions_per_s: float
+    runs: tuple[StrategyRun, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StrategySummary:
+    strategy: str
+    mean_regret: float
+    max_regret: float
+    scenarios_within_regret_target: int
+    violating_choices: int
+    median_gpu_minutes_ratio: float | None
+    """Median over scenarios of GPU-minutes / the auto_tune baseline's on the same scenario."""
+    total_gpu_minutes: float
+    mean_trials: float
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    seed: int
+    noise: float
+    scenarios: tuple[ScenarioResult, ...]
+    summary: tuple[StrategySummary, ...]
+    seconds: float
+    checks: tuple[str, ...] = field(default=())
+    """Scenario design checks that failed (e.g. a gmu-below-max scenario whose oracle picks the max)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
+    """Ours first: Optuna TPE's budget is what Adaptive used on the same scenario."""
+    from batchtune.bench.strategies.ours import CoreStrategy
+
+    fits = getattr(truth, "fits", None)
+    return [
+        CoreStrategy("Adaptive", fits=fits, name="adaptive"),  # type: ignore[list-item]
+        CoreStrategy("Bayesian", fits=fits, name="bayesian"),  # type: ignore[list-item]
+        AutoTune(),
+        Doubling(),
+        HillClimb(),
+    ]
+
+
+def _name(strategy: object) -> str:
+    return getattr(strategy, "label", None) or getattr(strategy, "name")
+
+
+def run_scenario(
+    scenario: Scenario,
+    truth: GroundTruth,
+    *,
+    seed: int,
+    noise: float,
+    strategies: Sequence[TuningStrategy] | None = None,
+    cost: CostModel = CostModel(),
+    with_tpe: bool = True,
+) -> ScenarioResult:
+    started = time.monotonic()
+    strategies = list(strategies) if strategies is not None else default_strategies(truth)
+    judge = Judge(scenario, truth)
+    choices: list[tuple[str, Choice, SimTestbed]] = []
+    for strategy in strategies:
+        name = _name(strategy)
+        testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, name), noise, cost)
+        choice = strategy.tune(testbed, scenario, seed=seed)
+        choices.append((name, choice, testbed))
+    if with_tpe:
+        budget = next((tb.ledger.starts for n, _, tb in choices if n == "adaptive"), 12)
+        tpe = OptunaTpe(budget=max(1, budget))
+        testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, tpe.name), noise, cost)
+        choices.append((tpe.name, tpe.tune(testbed, scenario, seed=seed), testbed))
+    oracle = run_oracle(judge, extra=[c.knobs for _, c, _ in choices if c.knobs is not None])
+    runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise) for name, choice, testbed in choices)
+    best = oracle.best
+    return ScenarioResult(
+        scenario=scenario.name,
+        summary=scenario.summary,
+        tags=scenario.tags,
+        objective_unit=scenario.objective_unit,
+        oracle_setting=best.knobs.label(),
+        oracle_objective=best.objective,
+        oracle_grid=oracle.grid_size,
+        oracle_feasible=oracle.feasible,
+        best_gmu_below_max=oracle.best_gmu_below_max,
+        saturation_preemptions_per_s=oracle.saturation_preemptions_per_s,
+        runs=runs,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _judge_choice(
+    judge: Judge, oracle: OracleResult, name: str, choice: Choice, testbed: SimTestbed, seed: int, noise: float
+) -> StrategyRun:
+    ledger = testbed.ledger
+    common = dict(
+        strategy=name, trials=ledger.starts, failed_starts=ledger.failed_starts,
+        load_steps=ledger.load_steps, gpu_minutes=ledger.gpu_minutes, note=choice.note,
+    )
+    if choice.knobs is None:
+        return StrategyRun(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
+                           violates=True, noisy_violations=RECHECK_REPEATS, **common)  # type: ignore[arg-type]
+    value = judge.objective(choice.knobs).objective
+    load = _recheck_load(judge, choice)
+    violates = load is None or not judge.holds(choice.knobs, load)
+    noisy = RECHECK_REPEATS if load is None else judge.noisy_violations(
+        choice.knobs, load, repeats=RECHECK_REPEATS, noise=noise, seed=derive_seed(seed, name, "recheck"))
+    return StrategyRun(
+        chosen=choice.knobs.label(),
+        chosen_knobs=asdict(choice.knobs),
+        claimed_load=load.label() if load else None,
+        objective=value,
+        regret=regret(oracle.objective, value),
+        violates=violates,
+        noisy_violations=noisy,
+        **common,  # type: ignore[arg-type]
+    )
+
+
+def _recheck_load(judge: Judge, choice: Choice) -> Load | None:
+    """Throughput scenarios: the scenario's load. Capacity: the load the strategy claims its setting holds."""
+    if judge.scenario.objective == "throughput":
+        return judge.scenario.load
+    return choice.claimed_load
+
+
+def summarize(results: Sequence[ScenarioResult]) -> tuple[StrategySummary, ...]:
+    names: list[str] = []
+    for result in results:
+        for run in result.runs:
+            if run.strategy not in names:
+                names.append(run.strategy)
+    out = []
+    for name in names:
+        runs = [(r, run) for r in results for run in r.runs if run.strategy == name]
+        ratios = []
+        for result, run in runs:
+            base = next((b for b in result.runs if b.strategy == BASELINE), None)
+            if base is not None and base.gpu_minutes > 0:
+                ratios.append(run.gpu_minutes / base.gpu_minutes)
+        regrets = [run.regret for _, run in runs]
+        out.append(StrategySummary(
+            strategy=name,
+            mean_regret=statistics.fmean(regrets) if regrets else 0.0,
+            max_regret=max(regrets, default=0.0),
+            scenarios_within_regret_target=sum(r <= REGRET_TARGET + 1e-9 for r in regrets),
+            violating_choices=sum(run.violates for _, run in runs),
+            median_gpu_minutes_ratio=statistics.median(ratios) if ratios else None,
+            total_gpu_minutes=sum(run.gpu_minutes for _, run in runs),
+            mean_trials=statistics.fmean(run.trials for _, run in runs) if runs else 0.0,
+        ))
+    return tuple(out)
+
+
+def design_checks(scenarios: Sequence[Scenario], results: Sequence[ScenarioResult]) -> tuple[str, ...]:
+    failed = []
+    by_name = {r.scenario: r for r in results}
+    for scenario in scenarios:
+        result = by_name.get(scenario.name)
+        if result is None:
+            continue
+        if scenario.expect_best_gmu_below_max and not result.best_gmu_below_max:
+            failed.append(f"{scenario.name}: the oracle's best gmu is not below the largest ({result.oracle_setting})")
+        if scenario.expect_preemptions and not result.saturation_preemptions_per_s > 0:
+            failed.append(f"{scenario.name}: no preemptions at the largest batch, so it is not KV-bound")
+        if result.oracle_objective <= 0:
+            failed.append(f"{scenario.name}: no setting in the oracle grid meets the SLO")
+    return tuple(failed)
+
+
+def run_bench(
+    scenarios: Sequence[Scenario],
+    truth_factory: Callable[[], GroundTruth],
+    *,
+    seed: int = 0,
+    noise: float,
+    jobs: int = 1,
+    progress: Callable[[ScenarioResult], None] | None = None,
+) -> BenchResult:
+    started = time.monotonic()
+    results: list[ScenarioResult] = []
+    if jobs <= 1 or len(scenarios) <= 1:
+        truth = truth_factory()
+        for scenario in scenarios:
+            result = run_scenario(scenario, truth, seed=seed, noise=noise)
+            results.append(result)
+            if progress:
+                progress(result)
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_run_one, scenario, truth_factory, seed, noise) for scenario in scenarios]
+            for future in futures:
+                result = future.result()
+                results.append(result)
+                if progress:
+                    progress(result)
+    return BenchResult(
+        seed=seed, noise=noise, scenarios=tuple(results), summary=summarize(results),
+        seconds=time.monotonic() - started, checks=design_checks(scenarios, results),
+    )
+
+
+def _run_one(scenario: Scenario, truth_factory: Callable[[], GroundTruth], seed: int, noise: float) -> ScenarioResult:
+    return run_scenario(scenario, truth_factory(), seed=seed, noise=noise)

@@ -1,0 +1,1 @@
+"""Tuning strategies under benchmark: ours (via batchtune.core) and the baselines."""

@@ -1,0 +1,88 @@
+"""vLLM's `benchmarks/auto_tune/auto_tune.sh`, step for step (see reference/vllm-gpu-facts.md §4.3).
+
+1. Memory probe: start the server with the largest max-num-seqs and max-num-batched-tokens at
+   gpu-memory-utilization 0.98, stepping down by 0.01 (to 0.90) until it starts.
+2. For every (max-num-seqs, max-num-batched-tokens) cell: start the server, run `vllm bench serve`
+   with 1000 prompts at request rate inf; if the latency limit fails, rerun with 100 prompts at
+   `int(throughput) + 1` req/s, stepping down by 1 until it holds (or the rate reaches 0).
+3. Keep the cell with the highest request throughput among passing runs.
+
+The script's only latency limit is P99 E2EL; here the scenario's whole SLO plays that role, which is
+if anything kind to the baseline (it cannot pick a setting that fails a limit it never checks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchtune.bench.scenarios import Scenario
+from batchtune.bench.types import Choice, Knobs, Load, Testbed
+
+# `--request-rate inf`: all prompts at once; a closed loop this deep stands in for it.
+INF_RATE_CONCURRENCY = 1_000_000
+
+
+@dataclass(frozen=True)
+class AutoTune:
+    name: str = "auto_tune"
+    gmu_start_pct: int = 98
+    gmu_stop_pct: int = 90
+    inf_prompts: int = 1000
+    stepdown_prompts: int = 100
+
+    def tune(self, testbed: Testbed, scenario: Scenario, *, seed: int) -> Choice:
+        space = scenario.tuner_space
+        seqs_list = space.max_num_seqs
+        mbt_list = space.max_num_batched_tokens
+        gmu = self.probe_gpu_memory_utilization(testbed, max(seqs_list), _largest(mbt_list))
+        if gmu is None:
+            return Choice(None, None, "no gpu-memory-utilization in 0.98..0.90 started")
+        best: tuple[float, Knobs, Load] | None = None
+        for mns in seqs_list:
+            for mbt in mbt_list:
+                knobs = Knobs(mns, gmu, mbt)
+                result = self.run_cell(testbed, scenario, knobs)
+                if result is None:
+                    continue
+                throughput, load = result
+                if best is None or throughput > best[0]:
+                    best = (throughput, knobs, load)
+        if best is None:
+            return Choice(None, None, "no cell met the latency limit")
+        return Choice(best[1], best[2], f"best throughput {best[0]:.2f} req/s")
+
+    def probe_gpu_memory_utilization(self, testbed: Testbed, mns: int, mbt: int | None) -> int | None:
+        for gmu in range(self.gmu_start_pct, self.gmu_stop_pct - 1, -1):
+            if testbed.start(Knobs(mns, gmu, mbt)).ok:
+                return gmu
+        return None
+
+    def run_cell(self, testbed: Testbed, scenario: Scenario, knobs: Knobs) -> tuple[float, Load] | None:
+        """(request throughput, the request rate that met the limit) or None."""
+        if not testbed.start(knobs).ok:
+            return None
+        inf_load = Load("concurrency", float(min(INF_RATE_CONCURRENCY, self.inf_prompts)))
+        reading = testbed.run_load(inf_load, prompts=self.inf_prompts)
+        if not reading.ok:
+            return None
+        throughput = reading.get("request_throughput", 0.0)
+        if math.isnan(throughput):
+            return None
+        if scenario.slo.met_by(reading.metrics):
+            # rate=inf met the limit: the server holds whatever it can process.
+            return throughput, Load("request_rate", max(throughput, 1e-3))
+        rate = int(throughput) + 1
+        while rate > 0:
+            reading = testbed.run_load(Load("request_rate", float(rate)), prompts=self.stepdown_prompts)
+            if not reading.ok:
+                return None
+            if scenario.slo.met_by(reading.metrics):
+                return reading.get("request_throughput", float(rate)), Load("request_rate", float(rate))
+            rate -= 1
+        return None
+
+
+def _largest(values: tuple[int | None, ...]) -> int | None:
+    concrete = [v for v in values if v is not None]
+    return max(concrete) if concrete else None

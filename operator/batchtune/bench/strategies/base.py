@@ -1,0 +1,14 @@
+"""The shape every benchmarked tuning strategy has."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from batchtune.bench.scenarios import Scenario
+from batchtune.bench.types import Choice, Testbed
+
+
+class TuningStrategy(Protocol):
+    name: str
+
+    def tune(self, testbed: Testbed, scenario: Scenario, *, seed: int) -> Choice: ...

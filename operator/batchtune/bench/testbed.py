@@ -1,0 +1,131 @@
+"""The simulated GPU a strategy tunes on: starts servers, offers load, and bills every second of it."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from batchtune.bench.types import Knobs, Load, Reading, StartResult
+
+if TYPE_CHECKING:
+    from batchtune.bench.scenarios import Scenario
+
+
+class GroundTruth(Protocol):
+    """The model of vLLM on a GPU the benchmark runs against (the twin, or a synthetic one in tests)."""
+
+    def startup(self, scenario: "Scenario", knobs: Knobs) -> StartResult: ...
+
+    def measure(
+        self, scenario: "Scenario", knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float
+    ) -> Reading: ...
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How long each step of a tuning run keeps the GPUs busy (seconds of wall time on every GPU)."""
+
+    warmup_s: float = 30.0
+    """Warm-up load before the first measured step after a server start (operator trials)."""
+    measure_s: float = 60.0
+    """One measured load step of an operator trial (the simulated window too)."""
+    drain_s_cap: float = 120.0
+    """A prompt-counted run (`vllm bench serve --num-prompts N`) ends when the last request finishes; cap the tail."""
+    sim_window_s: float = 60.0
+    """Simulated window used to read the metrics of a prompt-counted run."""
+
+
+@dataclass
+class Ledger:
+    """What one strategy spent on one scenario."""
+
+    starts: int = 0
+    failed_starts: int = 0
+    load_steps: int = 0
+    runtime_failures: int = 0
+    gpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def gpu_minutes(self) -> float:
+        return self.gpu_seconds / 60.0
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any labels (hash() is salted per process, so not usable here)."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass
+class SimTestbed:
+    """A `Testbed` over a ground truth with seeded measurement noise and a cost ledger."""
+
+    scenario: "Scenario"
+    truth: GroundTruth
+    seed: int
+    noise: float
+    cost: CostModel = field(default_factory=CostModel)
+    ledger: Ledger = field(default_factory=Ledger)
+    _running: Knobs | None = None
+    _warm: bool = False
+    _calls: int = 0
+
+    @property
+    def running(self) -> Knobs | None:
+        return self._running
+
+    def _charge(self, seconds: float) -> None:
+        self.ledger.wall_seconds += seconds
+        self.ledger.gpu_seconds += seconds * self.scenario.gpus
+
+    def start(self, knobs: Knobs) -> StartResult:
+        result = self.truth.startup(self.scenario, knobs)
+        self.ledger.starts += 1
+        self._charge(result.seconds)
+        if not result.ok:
+            self.ledger.failed_starts += 1
+            self._running = None
+            return result
+        self._running = knobs
+        self._warm = False
+        return result
+
+    def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = True) -> Reading:
+        """One load step on the running server. Operator-style steps (prompts=None) last `measure_s`
+        after a one-off warm-up; prompt-counted steps last until the N-th request completes."""
+        if self._running is None:
+            raise RuntimeError("run_load needs a started server; call start() first and check its result")
+        if prompts is None and warmup and not self._warm:
+            self._charge(self.cost.warmup_s)
+            self._warm = True
+        self._calls += 1
+        seed = derive_seed(self.seed, self.scenario.name, self._calls)
+        window = self.cost.measure_s if prompts is None else self.cost.sim_window_s
+        reading = self.truth.measure(
+            self.scenario, self._running, load, duration_s=window, seed=seed, noise=self.noise
+        )
+        self.ledger.load_steps += 1
+        if prompts is None:
+            seconds = self.cost.measure_s
+        else:
+            seconds = prompt_run_seconds(reading, prompts, self.cost.drain_s_cap)
+        self._charge(seconds)
+        if not reading.ok:
+            # A runtime failure (CUDA OOM) kills the server: the next step needs a new start.
+            self.ledger.runtime_failures += 1
+            self._running = None
+        return Reading(reading.load, reading.metrics, reading.failure, seconds)
+
+
+def prompt_run_seconds(reading: Reading, prompts: int, drain_cap_s: float) -> float:
+    """Wall time of `--num-prompts N`: N requests at the achieved request rate, plus the last one's latency."""
+    rps = reading.get("request_throughput", 0.0)
+    if not reading.ok or not rps > 0 or math.isnan(rps):
+        return 30.0  # a failed run still cost the time to notice it
+    tail_s = min(reading.get("mean_e2el_ms", 0.0) / 1000.0, drain_cap_s)
+    if math.isnan(tail_s):
+        tail_s = 0.0
+    return prompts / rps + tail_s
