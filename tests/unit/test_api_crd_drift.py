@@ -166,3 +166,19 @@ def test_status_written_by_the_models_passes_the_crd() -> None:
     )
     obj = yaml.safe_load((SAMPLES / "batchtuning-minimal.yaml").read_text()) | {"status": status.to_wire()}
     assert api_crd.validate(obj) == []
+
+
+def test_every_default_satisfies_the_cel_rules_at_its_level() -> None:
+    # The API server refuses a CRD whose default (taken as-is, without nested defaults) fails a rule.
+    failures = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if "default" in node:
+            failures.extend(api_crd.cel_errors(node["default"], node, path))
+        for name, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{name}")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(api_crd.openapi_schema(), "")
+    assert failures == []
