@@ -1,0 +1,130 @@
+"""`batchtune plan -f FILE`: the candidate settings a BatchTuning would try, what is pruned and why,
+and the strategy's first asks, offline (no cluster).
+
+Give `--target DEPLOYMENT.yaml` to read the production container's vLLM flags (max-model-len,
+chunked prefill, its own max-num-batched-tokens) as a running operator would.
+Exit 0 with a plan, 1 on invalid input or an empty plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="print the planned trial settings, what is pruned and why (offline)",
+        description="Plan the trials of BatchTuning YAML files without a cluster.",
+    )
+    parser.add_argument("-f", "--filename", dest="files", action="append", required=True, metavar="FILE",
+                        help="a YAML file with one or more BatchTunings; repeatable")
+    parser.add_argument("--target", metavar="FILE", default=None,
+                        help="the target Deployment as YAML, to take engine limits from its vLLM flags")
+    parser.add_argument("--asks", type=int, default=None, metavar="N",
+                        help="how many first asks to show (default: maxParallelTrials, at least 3)")
+    parser.set_defaults(func=run)
+
+
+def _target_limits(path: str, container_name: str | None):  # type: ignore[no-untyped-def]
+    import yaml
+
+    from batchtune.core import EngineLimits, find_vllm_container, read_vllm_settings
+
+    with open(path) as fh:
+        deployment = yaml.safe_load(fh) or {}
+    pod_spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    invocation = read_vllm_settings(find_vllm_container(pod_spec, container_name))
+    return EngineLimits.from_flags(dict(invocation.flags)), invocation
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchtune.api import InvalidBatchTuning, load_file
+    from batchtune.core import (
+        ArgsError,
+        EngineLimits,
+        SearchSpace,
+        SloTargets,
+        make_strategy,
+        plan_candidates,
+    )
+
+    console = Console(highlight=False)
+    status = 0
+    for name in args.files:
+        try:
+            tunings = load_file(name)
+        except OSError as exc:
+            print(f"{name}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+            status = 1
+            continue
+        except InvalidBatchTuning as exc:
+            for error in exc.errors:
+                print(f"{exc.source or name}: {error}")
+            status = 1
+            continue
+        for bt in tunings:
+            spec = bt.spec
+            title = f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}"
+            limits = EngineLimits()
+            if args.target:
+                try:
+                    limits, invocation = _target_limits(args.target, spec.target_ref.container_name)
+                except (OSError, ArgsError) as exc:
+                    print(f"{args.target}: {exc}")
+                    status = 1
+                    continue
+                console.print(f"[bold]{title}[/]: baseline {invocation.model or '?'} "
+                              f"max-num-seqs={invocation.max_num_seqs} gmu={invocation.gpu_memory_utilization_percent}% "
+                              f"mbt={invocation.max_num_batched_tokens}")
+            try:
+                space = SearchSpace.from_spec(spec.search_space)
+            except ValueError as exc:
+                print(f"{title}: spec.searchSpace: {exc}")
+                status = 1
+                continue
+            plan = plan_candidates(space, limits)
+            extra = list(spec.search_space.extra_args or [])
+            table = Table(title=f"{title}: {len(plan.candidates)} candidate(s)")
+            table.add_column("#", justify="right")
+            table.add_column("setting")
+            table.add_column("vLLM args")
+            for i, setting in enumerate(plan.candidates):
+                table.add_row(str(i), setting.label(), " ".join(setting.as_args() + extra))
+            console.print(table)
+            if plan.pruned:
+                pruned = Table(title=f"pruned: {len(plan.pruned)}")
+                pruned.add_column("setting")
+                pruned.add_column("reason")
+                for p in plan.pruned:
+                    pruned.add_row(p.setting.label(), p.reason)
+                console.print(pruned)
+            for note in plan.notes:
+                console.print(f"note: {note}")
+            if plan.error:
+                print(f"{title}: {plan.error}")
+                status = 1
+                continue
+            strategy_kind = getattr(spec.strategy.type, "value", spec.strategy.type)
+            strategy = make_strategy(
+                strategy_kind, plan, SloTargets.from_spec(spec.slo),
+                getattr(spec.objective.type, "value", spec.objective.type),
+                spec.strategy.seed, spec.strategy.max_trials,
+            )
+            wanted = args.asks if args.asks is not None else max(3, spec.strategy.max_parallel_trials)
+            asks = []
+            for _ in range(wanted):
+                setting = strategy.ask([], pending=asks)
+                if setting is None:
+                    break
+                asks.append(setting)
+            budget = min(spec.strategy.max_trials, len(plan.candidates))
+            console.print(
+                f"strategy {strategy_kind} (seed {spec.strategy.seed}, at most {budget} trial(s)); "
+                f"first asks: " + (", ".join(s.label() for s in asks) or "none")
+            )
+    return status
