@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpu", default="192", help="cpu capacity per node")
     parser.add_argument("--memory", default="2Ti", help="memory capacity per node")
     parser.add_argument("--max-pods", type=int, default=110, help="pods capacity per node")
+    parser.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra label on every node (repeatable)")
+    parser.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT",
+                        help="taint on every node, e.g. batchtune.io/test=pool1:NoSchedule (repeatable)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -55,13 +59,36 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     from batchtune.nodeagent.agent import AgentConfig, NodeAgent
 
+    try:
+        labels = dict(_key_value(text, "--node-label") for text in args.node_label)
+        taints = tuple(_taint(text) for text in args.node_taint)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
     config = AgentConfig(
         kubeconfig=args.kubeconfig, context=args.context, state_dir=args.state_dir.resolve(), nodes=args.nodes,
         gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product, metrics_address=args.metrics_address,
         image_map=args.image_map, time_scale=args.time_scale, node_prefix=args.node_prefix,
         pod_network=args.pod_network, cpu=args.cpu, memory=args.memory, max_pods=args.max_pods,
+        extra_labels=labels, taints=taints,
     )
     return NodeAgent(config).run()
+
+
+def _key_value(text: str, flag: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{flag}: expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _taint(text: str) -> dict[str, str]:
+    head, sep, effect = text.rpartition(":")
+    if not sep or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ValueError(f"--node-taint: expected KEY=VALUE:NoSchedule|PreferNoSchedule|NoExecute, got {text!r}")
+    key, _, value = head.partition("=")
+    return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ class AgentConfig:
     lease_duration_s: int = 40
     context: str | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, str], ...] = ()
+    """Node taints ({key, value, effect}); a test pool uses one to keep other pods off."""
 
     @property
     def node_names(self) -> list[str]:
@@ -80,7 +82,7 @@ def node_manifest(config: AgentConfig, name: str, kubelet_version: str) -> dict[
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
-        "spec": {},
+        "spec": {"taints": [dict(t) for t in config.taints]} if config.taints else {},
         "status": node_status(config, name, kubelet_version),
     }
 
@@ -269,7 +271,8 @@ class NodeAgent:
             if exc.status != 409:
                 raise
             created = _body(self.api.core.patch_node(
-                node, {"metadata": {"labels": manifest["metadata"]["labels"]}}, _content_type=MERGE,
+                node, {"metadata": {"labels": manifest["metadata"]["labels"]}, "spec": manifest["spec"]},
+                _content_type=STRATEGIC,
                 _preload_content=False))
             self.api.core.patch_node_status(node, {"status": manifest["status"]}, _content_type=STRATEGIC,
                                             _preload_content=False)
