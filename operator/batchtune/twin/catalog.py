@@ -152,10 +152,10 @@ _BUILTIN_GPUS: list[GpuSpec] = [
             eta_bw=0.88, eta_flops=0.65, interconnect_gbps=25),
     GpuSpec("A6000", 47.54, 768, 154.8, None, 300, 22,
             ("NVIDIA-RTX-A6000", "NVIDIA RTX A6000"),
-            eta_bw=0.92, eta_flops=0.7, interconnect_gbps=25, aliases=("rtx-a6000",)),
+            eta_bw=0.88, eta_flops=0.62, interconnect_gbps=25, aliases=("rtx-a6000",)),
     GpuSpec("RTX-4090", 23.99, 1008, 165.2, 330.3, 450, 20,
             ("NVIDIA-GeForce-RTX-4090", "NVIDIA GeForce RTX 4090"),
-            eta_bw=0.85, eta_flops=0.6, interconnect_gbps=25, aliases=("4090", "geforce-rtx-4090")),
+            eta_bw=0.85, eta_flops=0.5, interconnect_gbps=25, aliases=("4090", "geforce-rtx-4090")),
 ]
 
 _BUILTIN_MODELS: list[ModelSpec] = [

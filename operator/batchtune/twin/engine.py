@@ -25,7 +25,7 @@ from typing import NamedTuple
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.memory import MemoryPlan, RuntimeOutOfMemory, StartupFailure, cudagraph_capture_sizes, \
     plan_memory, weight_bytes
-from batchtune.twin.perf import StepCostModel
+from batchtune.twin.perf import FRONTEND_PER_PROMPT_TOKEN_S, FRONTEND_PER_REQUEST_S, StepCostModel
 
 __all__ = ["Engine", "StepOutcome", "TokenEvent", "RequestTooLong", "StartupFailure", "RuntimeOutOfMemory"]
 
@@ -59,7 +59,7 @@ class StepOutcome:
 
 
 class _Request:
-    __slots__ = ("req_id", "prompt", "max_tokens", "arrival", "computed", "output", "blocks", "new",
+    __slots__ = ("req_id", "prompt", "max_tokens", "arrival", "ready", "computed", "output", "blocks", "new",
                  "t_first", "t_last", "preemptions", "data")
 
     def __init__(self, req_id: str, prompt: int, max_tokens: int, arrival: float):
@@ -67,6 +67,7 @@ class _Request:
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.arrival = arrival
+        self.ready = arrival  # when the API server has handed it to the engine core
         self.computed = 0  # tokens whose KV is in the cache
         self.output = 0  # tokens generated so far
         self.blocks = 0
@@ -92,6 +93,8 @@ class _Step(NamedTuple):
     t_gpu: float
     nbytes: float
     flops: float
+    idle: bool = False
+    """True for a wait while requests are still in the API server (nothing ran on the GPU)."""
 
 
 class Engine:
@@ -116,6 +119,7 @@ class Engine:
         self._by_id: dict[str, _Request] = {}
         self._step_index = 0
         self._last_step_end = float("-inf")
+        self._frontend_free = float("-inf")
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -132,12 +136,13 @@ class Engine:
                 "completion). Please reduce the length of the messages or completion.")
         if req_id in self._by_id:
             raise ValueError(f"duplicate req_id {req_id!r}")
-        req = _Request(req_id, prompt_tokens, max_tokens, now)
-        self._by_id[req_id] = req
-        self.waiting.append(req)
+        self._add(_Request(req_id, prompt_tokens, max_tokens, now))
 
     def _add(self, req: _Request) -> None:
-        """Fast path for predict: the request was validated by the caller."""
+        """Queue a validated request behind the API server's input processing (one FIFO CPU)."""
+        start = req.arrival if req.arrival > self._frontend_free else self._frontend_free
+        req.ready = start + FRONTEND_PER_REQUEST_S + FRONTEND_PER_PROMPT_TOKEN_S * req.prompt
+        self._frontend_free = req.ready
         self._by_id[req.req_id] = req
         self.waiting.append(req)
 
@@ -177,8 +182,12 @@ class Engine:
         if result is None:
             return None
         emitted = tuple(TokenEvent(r.req_id, r.output == 1, r.output >= r.max_tokens) for r in result.emitted)
-        sm, occ, tensor, dram, power = self._cost.signals(result.duration, result.t_gpu, result.nbytes,
-                                                          result.flops)
+        if result.idle:
+            sm = occ = tensor = dram = 0.0
+            power = self.cfg.gpu.idle_w
+        else:
+            sm, occ, tensor, dram, power = self._cost.signals(result.duration, result.t_gpu, result.nbytes,
+                                                              result.flops)
         return StepOutcome(
             duration_s=result.duration, emitted=emitted, num_running=len(self.running),
             num_waiting=len(self.waiting), kv_usage=self.kv_usage, preempted=result.preempted,
@@ -244,6 +253,8 @@ class Engine:
             chunked = self._chunked
             while waiting and budget > 0 and len(running) < max_seqs:
                 r = waiting[0]
+                if r.ready > now:
+                    break  # still in the API server (tokenization, request setup)
                 num_new = r.prompt + r.output
                 if num_new > budget:
                     if not chunked:
@@ -266,7 +277,10 @@ class Engine:
 
         self.free_blocks = free
         if not scheduled:
-            # Nothing fits (e.g. a lone request larger than the pool): vLLM would idle; report no step.
+            if waiting and not running and waiting[0].ready > now:
+                # The engine waits for the API server to hand over the next request.
+                wait = waiting[0].ready - now
+                return _Step(wait, now + wait, [], [], 0, [], 0, 0, 0, 0.0, 0.0, 0.0, True)
             return None
         num_tokens = prompt_tokens + decode_tokens
         oom_at = self.memory.runtime_oom_tokens

@@ -2,7 +2,7 @@
 
 A step reads the weights once and the KV cache of every scheduled token, and does 2 FLOPs per
 parameter per token plus attention. The roofline gives a memory time and a compute time; real
-kernels do not overlap them perfectly, so they are combined with a p-norm (p = 2.5 sits between a
+kernels do not overlap them perfectly, so they are combined with a p-norm (p = 2 sits between a
 sum, p = 1, and the ideal max, p = inf), together with a kernel-latency floor per layer that
 dominates for tiny models. CPU work (scheduler, sampler, output processing) adds a fixed part and a
 part per scheduled sequence. Constants are calibrated in tests/unit/test_twin_calibration.py.
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from batchtune.twin.config import ServeConfig
 
-P_NORM = 2.5
+P_NORM = 2.0
 """Exponent combining memory time, compute time and the kernel floor."""
 STEP_OVERHEAD_S = 0.0006
 """CPU time per engine step: scheduling, input preparation, sampling launch (with CUDA graphs)."""
-SEQ_OVERHEAD_S = 6e-6
+SEQ_OVERHEAD_S = 12e-6
 """CPU time per scheduled sequence per step (block tables, sampler, detokenize, output queue)."""
 LAYER_FLOOR_S = 60e-6
 """Kernel-latency floor per layer with CUDA graphs (~12 small kernels of ~5 us)."""
@@ -26,6 +26,15 @@ LAYER_FLOOR_EAGER_S = 140e-6
 """Per-layer floor without CUDA graphs (kernel launches dominate tiny steps)."""
 ALLREDUCE_LATENCY_S = 12e-6
 """Fixed latency of one tensor-parallel all-reduce; two per layer."""
+FRONTEND_PER_REQUEST_S = 0.002
+"""API-server CPU time per request before the engine sees it (HTTP parsing, validation, setup)."""
+FRONTEND_PER_PROMPT_TOKEN_S = 16e-6
+"""API-server CPU time per prompt token (tokenization and input processing); the server is one
+FIFO CPU, so bursts of long prompts queue here (what bounds R11's rate=inf run)."""
+FIRST_CHUNK_PATH_S = 0.015
+"""Client-observed latency of the response path (engine -> API server -> HTTP chunk -> client),
+added to TTFT and E2EL by predict; the real-time server has its own real path instead."""
+
 
 
 @dataclass(frozen=True, slots=True)

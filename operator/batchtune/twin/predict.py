@@ -21,6 +21,7 @@ import numpy as np
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.engine import Engine, _Request
 from batchtune.twin.memory import MemoryPlan, RuntimeOutOfMemory, StartupFailure
+from batchtune.twin.perf import FIRST_CHUNK_PATH_S
 
 LengthDist = Literal["fixed", "uniform", "exponential"]
 PERCENTILES = (50, 90, 95, 99)
@@ -38,6 +39,8 @@ class Workload:
     length_dist: LengthDist = "fixed"
     range_ratio: float = 0.5
     """For `uniform`: lengths drawn from [L(1-r), L(1+r)] (vllm's --random-range-ratio)."""
+    output_dist: LengthDist | None = None
+    """Distribution of output lengths when it differs from `length_dist` (e.g. EOS without --ignore-eos)."""
     num_prompts: int | None = None
     """Bench mode: send exactly this many requests and measure the whole run (no warm-up)."""
     warmup_s: float | None = None
@@ -55,8 +58,10 @@ class Workload:
             raise ValueError(f"request_rate must be > 0, got {self.request_rate}")
         if self.request_rate == math.inf and self.num_prompts is None:
             raise ValueError("request_rate=inf needs num_prompts")
-        if self.length_dist not in ("fixed", "uniform", "exponential"):
-            raise ValueError(f"length_dist must be fixed, uniform or exponential, got {self.length_dist!r}")
+        for name in ("length_dist", "output_dist"):
+            value = getattr(self, name)
+            if value is not None and value not in ("fixed", "uniform", "exponential"):
+                raise ValueError(f"{name} must be fixed, uniform or exponential, got {value!r}")
         if not 0 <= self.range_ratio < 1:
             raise ValueError(f"range_ratio must be in [0, 1), got {self.range_ratio}")
 
@@ -110,19 +115,20 @@ class _LengthSampler:
     def __init__(self, wl: Workload, rng: random.Random, max_model_len: int):
         self.wl, self.rng, self.limit = wl, rng, max_model_len
 
-    def _draw(self, mean: int) -> int:
+    def _draw(self, mean: int, dist: str) -> int:
         wl = self.wl
-        if wl.length_dist == "fixed":
+        if dist == "fixed":
             return mean
-        if wl.length_dist == "uniform":
+        if dist == "uniform":
             lo = max(1, int(mean * (1 - wl.range_ratio)))
             hi = max(lo, int(mean * (1 + wl.range_ratio)))
             return self.rng.randint(lo, hi)
         return max(1, int(self.rng.expovariate(1.0 / mean)))
 
     def __call__(self) -> tuple[int, int]:
-        prompt = min(self._draw(self.wl.input_len), self.limit - 1)
-        output = min(self._draw(self.wl.output_len), self.limit - prompt)
+        wl = self.wl
+        prompt = min(self._draw(wl.input_len, wl.length_dist), self.limit - 1)
+        output = min(self._draw(wl.output_len, wl.output_dist or wl.length_dist), self.limit - prompt)
         return prompt, output
 
 
@@ -292,6 +298,8 @@ class _Simulation:
             self.window_end = min(now, self.window_end)
 
     def _record(self, step: Any, cost: Any) -> None:
+        if step.idle:
+            return
         d = step.duration
         self.busy += d
         n_running = len(self.engine.running) + len(step.finished)
@@ -311,11 +319,11 @@ class _Simulation:
         t_end = step.t_end
         for r in step.emitted:
             if r.output == 1:
-                self.ttft.append(t_end - r.arrival)
+                self.ttft.append(t_end - r.arrival + FIRST_CHUNK_PATH_S)
         for r in step.finished:
             self.completed += 1
             self.completed_input += r.prompt
-            self.e2el.append(t_end - r.arrival)
+            self.e2el.append(t_end - r.arrival + FIRST_CHUNK_PATH_S)
             if r.output > 1:
                 self.tpot.append((t_end - r.t_first) / (r.output - 1))
 
