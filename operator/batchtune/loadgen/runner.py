@@ -194,7 +194,7 @@ async def _send(
                     record.error = str(data["error"])[:300]
                     return
                 text = _chunk_text(data, chat)
-                if text is not None:
+                if text:  # as vllm bench: empty deltas (the chat role chunk) are not tokens
                     now = loop.time()
                     if chunks == 0:
                         record.ttft_s = now - record.sent_at

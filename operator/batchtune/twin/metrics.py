@@ -208,15 +208,19 @@ class VllmMetrics:
         if self.gpu_cache_usage_perc is not None:
             self.gpu_cache_usage_perc.set(kv_usage)
 
-    def observe_step(self, prompt_tokens: int, decode_tokens: int, preempted: int) -> None:
+    def observe_step(
+        self, prompt_tokens: int, generation_tokens: int, preempted: int, scheduled_tokens: int | None = None
+    ) -> None:
+        """One engine step: prefill tokens, sampled tokens, preemptions, tokens scheduled in the step."""
         if prompt_tokens:
             self.prompt_tokens.inc(prompt_tokens)
-        if decode_tokens:
-            self.generation_tokens.inc(decode_tokens)
+        if generation_tokens:
+            self.generation_tokens.inc(generation_tokens)
         if preempted:
             self.num_preemptions.inc(preempted)
-        if prompt_tokens + decode_tokens:
-            self.iteration_tokens.observe(prompt_tokens + decode_tokens)
+        iteration = prompt_tokens + generation_tokens if scheduled_tokens is None else scheduled_tokens
+        if iteration:
+            self.iteration_tokens.observe(iteration)
 
     def observe_request_start(self, max_tokens: int) -> None:
         self.request_params_max_tokens.observe(max_tokens)

@@ -1,0 +1,262 @@
+"""The twin server in-process on 127.0.0.1 (free port): OpenAI API, SSE format, /metrics, activity, loadgen."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchtune.gpu_activity import read_activity
+from batchtune.loadgen import LoadSpec, run_load
+from batchtune.twin.config import ServeConfig
+from batchtune.twin.engine import Engine
+from batchtune.twin.server import ServerOptions, TwinServer
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextlib.asynccontextmanager
+async def serving(time_scale=50.0, ready=True, **options):
+    cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
+    server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=time_scale,
+                                                   stats_log_interval_s=0, **options),
+                        on_log=lambda *_a: None)  # fmt: skip
+    await server.start()
+    if ready:
+        server.mark_ready()
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{server.bound_port}") as session:
+            yield server, session
+    finally:
+        await server.stop()
+
+
+async def _sse_events(resp):
+    events = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if line:
+            assert line.startswith("data: "), line
+            events.append(line[6:])
+    return events
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+def test_streaming_completion_has_vllm_sse_shape():
+    async def go():
+        async with serving() as (_server, s):
+            body = {"model": MODEL, "prompt": "one two three four", "max_tokens": 5, "stream": True,
+                    "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            async with s.post("/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/event-stream")
+                return await _sse_events(resp)
+
+    events = run(go())
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    tokens, usage = chunks[:-1], chunks[-1]
+    assert len(tokens) == 5
+    assert all(c["object"] == "text_completion" and c["model"] == MODEL for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 4 + ["length"]
+    assert all(c["choices"][0]["text"].strip() for c in tokens)
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 5, "total_tokens": 10, "completion_tokens": 5}
+
+
+def test_streaming_chat_starts_with_role_chunk_and_omits_usage_unless_asked():
+    async def go():
+        async with serving() as (_server, s):
+            body = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3, "stream": True,
+                    "ignore_eos": True}  # fmt: skip
+            async with s.post("/v1/chat/completions", json=body) as resp:
+                return await _sse_events(resp)
+
+    events = run(go())
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(chunks) == 4 and all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "reason", "tokens"),
+    [
+        pytest.param("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True}, "length", 4,
+                     id="completion-token-ids"),
+        pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 600},
+                     "stop", None, id="chat-natural-stop"),
+        pytest.param("/v1/completions", {"prompt": "x"}, "length", 16, id="completion-default-16"),
+    ],
+)  # fmt: skip
+def test_non_streaming_responses(path, body, reason, tokens):
+    async def go():
+        async with serving(time_scale=200.0) as (_server, s):
+            async with s.post(path, json=body) as resp:
+                assert resp.status == 200
+                return await resp.json()
+
+    out = run(go())
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == reason
+    generated = out["usage"]["completion_tokens"]
+    if tokens is not None:
+        assert generated == tokens
+    else:
+        assert 64 <= generated < 600  # stopped at its "EOS"
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    assert len(text.split()) == generated
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "match"),
+    [
+        pytest.param({"prompt": "a b", "max_tokens": 5000}, 400, "maximum context length is 4096", id="too-long"),
+        pytest.param({"model": "other", "prompt": "a"}, 404, "`other` does not exist", id="unknown-model"),
+        pytest.param({"prompt": "a", "max_tokens": 0}, 400, "max_tokens", id="zero-tokens"),
+        pytest.param({"max_tokens": 3}, 400, "prompt", id="no-prompt"),
+    ],
+)
+def test_bad_requests_get_openai_errors(body, status, match):
+    async def go():
+        async with serving() as (_server, s):
+            async with s.post("/v1/completions", json=body) as resp:
+                return resp.status, await resp.json()
+
+    got, payload = run(go())
+    assert got == status and payload["object"] == "error" and match in payload["message"]
+
+
+def test_health_and_api_are_503_while_loading():
+    async def go():
+        async with serving(ready=False) as (server, s):
+            first = [(await s.get(p)).status for p in ("/health", "/v1/models")]
+            server.mark_ready()
+            second = [(await s.get(p)).status for p in ("/health", "/v1/models")]
+            models = await (await s.get("/v1/models")).json()
+            return first, second, models
+
+    first, second, models = run(go())
+    assert first == [503, 503] and second == [200, 200]
+    assert models["data"][0]["id"] == MODEL and models["data"][0]["max_model_len"] == 4096
+
+
+def test_metrics_count_what_was_served(tmp_path):
+    activity = tmp_path / "gpu.json"
+
+    async def go():
+        async with serving(activity_file=str(activity), activity_interval_s=0.2) as (server, s):
+            body = {"prompt": "a b c d e f g h", "max_tokens": 20, "ignore_eos": True}
+            await asyncio.gather(*(s.post("/v1/completions", json=body) for _ in range(8)))
+            await asyncio.sleep(0.5)
+            text = await (await s.get("/metrics")).text()
+            return text, server.engine.memory
+
+    text, plan = run(go())
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, sample.labels.get("finished_reason"), sample.labels.get("le"))] = sample
+    assert values[("vllm:generation_tokens_total", None, None)].value == 160
+    assert values[("vllm:prompt_tokens_total", None, None)].value == 8 * 10
+    assert values[("vllm:request_success_total", "length", None)].value == 8
+    assert values[("vllm:time_to_first_token_seconds_count", None, None)].value == 8
+    assert values[("vllm:inter_token_latency_seconds_count", None, None)].value == 8 * 19
+    info = values[("vllm:cache_config_info", None, None)]
+    assert info.labels["num_gpu_blocks"] == str(plan.num_gpu_blocks) and info.labels["block_size"] == "16"
+    gpus = read_activity(activity)
+    assert gpus is not None and gpus[0]["fb_used_mib"] == plan.fb_used_mib
+
+
+def test_activity_reports_busy_fraction_and_idle_power():
+    async def go():
+        async with serving(time_scale=1.0) as (server, s):
+            idle = server.activity_snapshot(1.0)[0]
+            body = {"prompt": "a " * 100, "max_tokens": 40, "ignore_eos": True}
+            await asyncio.gather(*(s.post("/v1/completions", json=body) for _ in range(4)))
+            busy = server.activity_snapshot(1.0)[0]
+            return idle, busy, server.cfg.gpu
+
+    idle, busy, gpu = run(go())
+    assert idle["gpu_util_pct"] == 0 and idle["power_w"] == pytest.approx(gpu.idle_w)
+    assert 5 < busy["gpu_util_pct"] <= 100 and busy["sm_active"] > 0 and gpu.idle_w < busy["power_w"] <= gpu.tdp_w
+
+
+def test_loadgen_against_twin_serve(tmp_path):
+    async def go():
+        async with serving(time_scale=20.0) as (server, _s):
+            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=200, output_len=32,
+                            concurrency=8, num_prompts=40, duration_s=120.0, time_scale=20.0)  # fmt: skip
+            return await run_load(spec)
+
+    result = run(go())
+    assert result["completed"] == 40 and result["failed"] == 0
+    assert result["model_id"] == MODEL
+    assert result["total_output_tokens"] == 40 * 32
+    assert result["total_input_tokens"] == 40 * 201 or result["total_input_tokens"] == 40 * 200
+    assert 0 < result["median_itl_ms"] < result["median_e2el_ms"]
+    assert result["max_concurrent_requests"] == 8
+
+
+def _twin(args, tmp_path, env=None, **kw):
+    full_env = {**os.environ, "BATCHTUNE_TERMINATION_MESSAGE_PATH": str(tmp_path / "term"), **(env or {})}
+    full_env.pop("BATCHTUNE_POD_IP", None)
+    return subprocess.Popen([sys.executable, "-m", "batchtune", "twin", "vllm", *args], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)  # fmt: skip
+
+
+def test_startup_failure_exits_1_with_vllm_message(tmp_path):
+    proc = _twin(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--twin-load-seconds", "0", "--port", "0"],
+                 tmp_path, env={"BATCHTUNE_GPU_PRODUCT": "NVIDIA-L4"})  # fmt: skip
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    message = (tmp_path / "term").read_text()
+    assert message.startswith("ValueError: To serve at least one request with the models's max seq len (131072)")
+    assert "Engine core initialization failed" in out
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_runtime_oom_kills_the_process_like_the_kernel(tmp_path):
+    port = _free_port()
+    proc = _twin(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "0.98",
+                  "--max-num-batched-tokens", "8192", "--port", str(port), "--twin-gpu", "H100-SXM",
+                  "--twin-load-seconds", "0"], tmp_path)  # fmt: skip
+
+    async def hit():
+        async with aiohttp.ClientSession() as s:
+            for _ in range(100):
+                with contextlib.suppress(aiohttp.ClientError):
+                    if (await s.get(f"http://127.0.0.1:{port}/health")).status == 200:
+                        break
+                await asyncio.sleep(0.1)
+            with contextlib.suppress(aiohttp.ClientError):
+                await s.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "a " * 6000, "max_tokens": 4})
+
+    try:
+        run(hit())
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, out
+    assert "CUDA out of memory" in (tmp_path / "term").read_text()
