@@ -1,0 +1,114 @@
+"""Selection: best feasible by objective, the knee, headroom, and reasons for every trial."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchtune.core import (
+    CompletedTrial,
+    CurvePoint,
+    Setting,
+    SloTargets,
+    TrialOutcome,
+    TrialState,
+    Verdict,
+    find_knee,
+    select_best,
+)
+
+SLO = SloTargets(e2e_ms=2000, headroom_percent=10)
+
+
+def done(seqs, throughput, e2e, verdict=Verdict.MET, gmu=90, error=0.0):
+    metrics = {"outputThroughput": throughput, "e2eMs": e2e, "errorRatePercent": error}
+    return CompletedTrial(f"t-{seqs}-{gmu}", Setting(seqs, gmu), TrialOutcome(TrialState.DONE, verdict, throughput, metrics))
+
+
+def test_knee_detection():
+    points = [CurvePoint(8, 800, 100), CurvePoint(16, 1500, 110), CurvePoint(32, 2600, 130),
+              CurvePoint(64, 2800, 200), CurvePoint(128, 2900, 400)]
+    knee = find_knee(points)
+    assert knee is not None and knee.max_num_seqs == 32 and "below 10%" in knee.reason
+    # Flat throughput but falling latency is not a knee.
+    assert find_knee([CurvePoint(8, 100, 300), CurvePoint(16, 101, 200)]) is None
+    assert find_knee([CurvePoint(8, 100, 100), CurvePoint(16, 190, 120)]) is None
+
+
+def test_prefers_knee_within_headroom():
+    trials = [done(8, 800, 100), done(16, 1500, 110), done(32, 2600, 130), done(64, 2800, 200),
+              done(128, 2900, 400), done(256, 2950, 5000, Verdict.VIOLATED)]
+    sel = select_best(trials, "OutputThroughput", SLO)
+    # 2900 is the best; 32 (the knee) gives 2600 < 90% of 2900 = 2610, so 64 (past the knee) would be...
+    assert sel.knee is not None and sel.knee.max_num_seqs == 32
+    assert sel.best == Setting(128, 90)
+    assert "headroom" in sel.reason
+    sel = select_best(trials, "OutputThroughput", SloTargets(e2e_ms=2000, headroom_percent=15))
+    assert sel.best == Setting(32, 90) and sel.best_trial == "t-32-90"
+    assert sel.verdicts["t-32-90"].startswith("chosen: seqs=32 gmu=90%: at or below the knee")
+    assert sel.verdicts["t-128-90"].startswith("not chosen: best")
+    assert sel.verdicts["t-256-90"].startswith("rejected: SLO violated")
+
+
+def test_rejects_with_reasons():
+    trials = [
+        done(8, 800, 100),
+        CompletedTrial("oom", Setting(512, 90), TrialOutcome(TrialState.INFEASIBLE, reason="KvCacheTooSmall", message="KV cache too small")),
+        CompletedTrial("timeout", Setting(256, 90), TrialOutcome(TrialState.FAILED, reason="ReadinessTimeout")),
+        done(16, 1500, None, Verdict.MET),  # claims Met, but E2E was not measured: re-evaluation rejects
+        done(32, 9000, 100, Verdict.UNKNOWN),
+    ]
+    sel = select_best(trials, "OutputThroughput", SLO)
+    assert sel.best == Setting(8, 90)
+    assert sel.verdicts["oom"] == "rejected: trial Infeasible (KV cache too small)"
+    assert sel.verdicts["timeout"] == "rejected: trial Failed (ReadinessTimeout)"
+    assert "re-evaluation" in sel.verdicts["t-16-90"]
+    assert sel.verdicts["t-32-90"].startswith("rejected: SLO unknown")
+
+
+def test_nothing_eligible():
+    sel = select_best([done(8, 800, 9000, Verdict.VIOLATED)], "OutputThroughput", SLO)
+    assert sel.best is None and "no trial met the SLO" in sel.reason
+    assert select_best([], "OutputThroughput", SLO).reason == "no trial has finished"
+
+
+def test_repeats_must_all_pass():
+    a = done(8, 800, 100)
+    b = CompletedTrial("t-8-90-r1", Setting(8, 90), TrialOutcome(TrialState.DONE, Verdict.VIOLATED, 800, {}))
+    sel = select_best([a, b, done(4, 400, 90)], "OutputThroughput", SLO)
+    assert sel.best == Setting(4, 90)
+    assert "another repeat" in sel.verdicts["t-8-90"]
+
+
+_verdicts = st.sampled_from(list(Verdict))
+_states = st.sampled_from(list(TrialState))
+_numbers = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 1e5))
+
+
+@st.composite
+def _trials(draw):
+    out = []
+    for i in range(draw(st.integers(0, 12))):
+        setting = Setting(draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64])), draw(st.sampled_from([85, 90])))
+        metrics = {"outputThroughput": draw(_numbers), "e2eMs": draw(_numbers), "errorRatePercent": draw(_numbers)}
+        outcome = TrialOutcome(draw(_states), draw(_verdicts), draw(_numbers), metrics)
+        out.append(CompletedTrial(f"trial-{i}", setting, outcome))
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_trials(), st.integers(0, 50))
+def test_never_picks_a_trial_without_a_met_slo(trials, headroom):
+    slo = SloTargets(e2e_ms=2000, headroom_percent=headroom)
+    sel = select_best(trials, "OutputThroughput", slo)
+    assert set(sel.verdicts) == {t.name for t in trials}
+    if sel.best is None:
+        return
+    for t in trials:
+        if t.setting == sel.best:
+            assert t.outcome.state is TrialState.DONE and t.outcome.verdict is Verdict.MET
+            value = float(t.outcome.metrics["e2eMs"])
+            assert math.isfinite(value) and value <= 2000 * (100 - headroom) / 100

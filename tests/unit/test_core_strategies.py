@@ -1,0 +1,166 @@
+"""Strategies: determinism, resumability, budget, and Adaptive's efficiency on monotone curves."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchtune.core import (
+    REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH,
+    REASON_KV_CACHE_TOO_SMALL,
+    SearchSpace,
+    Setting,
+    SloTargets,
+    TrialOutcome,
+    TrialState,
+    Verdict,
+    doublings,
+    make_strategy,
+    plan_candidates,
+)
+from batchtune.core.strategies import blocked_reason
+
+SLO = SloTargets(e2e_ms=1000)
+KINDS = ["Grid", "Adaptive", "Bayesian"]
+
+
+def synthetic(boundary: int, knee: int = 64, kv: float = 50.0, infeasible_from: int | None = None,
+              gmu_boost: dict[int, int] | None = None):
+    """Latency grows with seqs; SLO met up to `boundary` (scaled per gmu); throughput flattens at `knee`."""
+    def run(s: Setting) -> TrialOutcome:
+        if infeasible_from is not None and s.max_num_seqs >= infeasible_from and s.gpu_memory_utilization_percent <= 90:
+            return TrialOutcome(TrialState.INFEASIBLE, reason=REASON_KV_CACHE_TOO_SMALL)
+        limit = boundary * (gmu_boost or {}).get(s.gpu_memory_utilization_percent, 1)
+        met = s.max_num_seqs <= limit
+        throughput = 100.0 * min(s.max_num_seqs, knee) + s.max_num_seqs
+        metrics = {"outputThroughput": throughput, "e2eMs": 100 + s.max_num_seqs, "kvCacheUsagePercent": kv,
+                   "preemptionsPerSecond": 0.0}
+        return TrialOutcome(TrialState.DONE, Verdict.MET if met else Verdict.VIOLATED, throughput, metrics)
+    return run
+
+
+def drive(kind, plan, run, seed=0, max_trials=64):
+    strategy = make_strategy(kind, plan, SLO, "OutputThroughput", seed, max_trials)
+    history = []
+    while (s := strategy.ask(history)) is not None:
+        assert s in plan.candidates and s not in {h[0] for h in history}
+        history.append((s, run(s)))
+    return history
+
+
+def largest_met(history):
+    return max((s.max_num_seqs for s, o in history if o.met), default=None)
+
+
+PLAN_1D = plan_candidates(SearchSpace(doublings(1, 1024)))
+
+
+@pytest.mark.parametrize("boundary", [1, 3, 8, 100, 256, 1024, 0])
+def test_adaptive_finds_boundary_with_fewer_trials_than_grid(boundary):
+    run = synthetic(boundary)
+    grid, adaptive = drive("Grid", PLAN_1D, run), drive("Adaptive", PLAN_1D, run)
+    assert largest_met(adaptive) == largest_met(grid)
+    assert len(adaptive) < len(grid)
+    assert len(adaptive) <= 6  # log2(11) + a knee probe
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("max_trials", [1, 3, 5])
+def test_max_trials_respected(kind, max_trials):
+    tried = len(drive(kind, PLAN_1D, synthetic(100), max_trials=max_trials))
+    # Adaptive may finish early (it converged); the others use the whole budget.
+    assert tried <= max_trials if kind == "Adaptive" else tried == max_trials
+
+
+PLAN_2D = plan_candidates(SearchSpace(doublings(4, 512), (80, 90, 95), (2048, 8192)))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(KINDS), st.integers(0, 2**31 - 1), st.integers(0, 8), st.sampled_from([4, 32, 100, 512]))
+def test_same_seed_and_history_same_next(kind, seed, n, boundary):
+    run = synthetic(boundary)
+    history = drive(kind, PLAN_2D, run, seed=seed, max_trials=n) if n else []
+    first = make_strategy(kind, PLAN_2D, SLO, "OutputThroughput", seed, 64)
+    rebuilt = make_strategy(kind, PLAN_2D, SLO, "OutputThroughput", seed, 64)
+    assert first.ask(history) == rebuilt.ask(list(history))
+    # tell() keeps the same history internally and asks the same.
+    for setting, outcome in history:
+        rebuilt.tell(setting, outcome)
+    assert rebuilt.ask() == first.ask(history)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pending_settings_are_not_asked_again(kind):
+    strategy = make_strategy(kind, PLAN_2D, SLO, "OutputThroughput", 1, 64)
+    pending: list[Setting] = []
+    for _ in range(4):
+        s = strategy.ask([], pending=pending)
+        if s is None:
+            break
+        assert s not in pending
+        pending.append(s)
+    assert pending
+
+
+def test_adaptive_skips_higher_gmu_when_not_kv_bound():
+    history = drive("Adaptive", plan_candidates(SearchSpace(doublings(4, 512), (80, 90, 95))), synthetic(100, kv=40.0))
+    assert {s.gpu_memory_utilization_percent for s, _ in history} == {80}
+    strategy = make_strategy("Adaptive", plan_candidates(SearchSpace(doublings(4, 512), (80, 90, 95))), SLO, seed=0, max_trials=64)
+    reasons = [p.reason for p in strategy.skipped(history)]
+    assert any("not KV-bound" in r for r in reasons)
+
+
+def test_adaptive_escalates_gmu_when_kv_bound():
+    plan = plan_candidates(SearchSpace(doublings(4, 512), (80, 90, 95)))
+    history = drive("Adaptive", plan, synthetic(64, kv=97.0, gmu_boost={90: 2, 95: 4}))
+    assert largest_met(history) == 256
+    assert {s.gpu_memory_utilization_percent for s, _ in history} == {80, 90, 95}
+    assert len(history) < len(plan.candidates)
+
+
+def test_adaptive_prunes_memory_failures_at_same_or_lower_gmu_only():
+    plan = plan_candidates(SearchSpace(doublings(4, 512), (85, 90, 95)))
+    history = drive("Adaptive", plan, synthetic(512, infeasible_from=64))
+    tried = {s for s, _ in history}
+    # No setting is tried once an earlier memory failure implies it cannot fit.
+    for i, (setting, _) in enumerate(history):
+        assert blocked_reason(setting, history[:i]) is None, setting
+    failures = [s for s, o in history if o.state is TrialState.INFEASIBLE]
+    assert Setting(64, 90) in failures or Setting(128, 90) in failures  # higher gmu was still worth a try
+    # gmu 95 is not ruled out by failures at lower gmu, and reaches the boundary.
+    assert any(s.gpu_memory_utilization_percent == 95 and s.max_num_seqs >= 64 for s in tried)
+    assert largest_met(history) == 512
+
+
+def test_adaptive_gmu_too_high_rules_out_higher_gmu():
+    plan = plan_candidates(SearchSpace(doublings(4, 64), (90, 95)))
+
+    def run(s):
+        if s.gpu_memory_utilization_percent >= 90:
+            return TrialOutcome(TrialState.INFEASIBLE, reason=REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH)
+        raise AssertionError
+
+    history = drive("Adaptive", plan, run)
+    assert len(history) == 1
+
+
+def test_adaptive_steps_around_unknown_verdicts():
+    def run(s):
+        if s.max_num_seqs == 32:
+            return TrialOutcome(TrialState.DONE, Verdict.UNKNOWN, None, {})
+        return synthetic(100)(s)
+    history = drive("Adaptive", PLAN_1D, run)
+    assert largest_met(history) == 64
+    assert len(history) < len(PLAN_1D.candidates)
+
+
+def test_bayesian_explores_the_space_and_finds_a_feasible_point():
+    history = drive("Bayesian", PLAN_2D, synthetic(100), seed=3, max_trials=12)
+    assert len(history) == 12 and any(o.met for _, o in history)
+    assert len({s for s, _ in history}) == 12
+
+
+def test_unknown_kind_is_an_error():
+    with pytest.raises(ValueError, match="strategy.type 'Random'"):
+        make_strategy("Random", PLAN_1D, SLO)
