@@ -138,7 +138,8 @@ def select_best(
                 verdicts[t.name] = (
                     f"not chosen: met the SLO with {_fmt(objective, value)}, below {eligible[chosen]:.4g} of {chosen.label()}"
                     if value < eligible[chosen] else
-                    f"not chosen: met the SLO with {_fmt(objective, value)}, but past the knee of its column"
+                    f"not chosen: met the SLO with {_fmt(objective, value)}; {chosen.label()} was preferred "
+                    "for keeping headroom below the knee"
                 )
     return Selection(chosen, best_trial, knee, reason, verdicts)
 
