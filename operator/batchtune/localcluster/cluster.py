@@ -47,6 +47,10 @@ class ClusterConfig:
     scrape_interval_s: float = 2.0
     node_agent: bool = True
     """Start the node agent (only if the `batchtune.nodeagent` module exists)."""
+    pod_network: str | None = None
+    """Loopback CIDR for pod IPs (node agent default 127.1.0.0/16); give a second cluster another one."""
+    node_agent_args: tuple[str, ...] = ()
+    """Extra node agent flags, e.g. ("--image-map", "images.yaml")."""
     keep_data: bool = False
     """Keep etcd and Prometheus data from the previous run instead of starting empty."""
     timeout_s: float = 90.0
@@ -305,6 +309,8 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
                 "--gpu-product", config.gpu_product,
                 "--metrics-address", f"127.0.0.1:{ports['gpu-metrics']}",
                 "--state-dir", str(data_dirs["nodeagent"]), "--time-scale", f"{config.time_scale:g}",
+                *(["--pod-network", config.pod_network] if config.pod_network else []),
+                *config.node_agent_args,
             ], (ports["gpu-metrics"],))
 
         await_healthy("kube-controller-manager",
