@@ -1,0 +1,425 @@
+"""The Helm chart, checked through `helm template` and `helm lint` (no cluster): RBAC per mode, the
+operator Deployment's hardening, the CRD lifecycle, the strict values schema, and manifests/ drift."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from batchtune.localcluster.binaries import KUBE_VERSION, binaries
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "batchtune"
+NAMESPACE = "batchtune-system"
+
+
+def _helm() -> str:
+    helm = os.environ.get("HELM") or str(binaries().helm)
+    if not os.access(helm, os.X_OK):
+        pytest.fail(f"helm not found at {helm}: run `make binaries` (or set $HELM)", pytrace=False)
+    return helm
+
+
+@lru_cache(maxsize=None)
+def _template(*sets: str) -> tuple[str, tuple[dict[str, Any], ...]]:
+    argv = [_helm(), "template", "bt", str(CHART), "--namespace", NAMESPACE,
+            "--kube-version", KUBE_VERSION.lstrip("v")]
+    for s in sets:
+        argv += ["--set", s]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    return list(_template(*sets)[1])
+
+
+def render_text(*sets: str) -> str:
+    return _template(*sets)[0]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    dep = one(docs, "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def grants(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
+    verbs: set[str] = set()
+    for rule in rules:
+        if group in rule["apiGroups"] and resource in rule["resources"]:
+            verbs |= set(rule["verbs"])
+    return verbs
+
+
+# ---- lint ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets", [
+    pytest.param((), id="defaults"),
+    pytest.param(("watchNamespaces={team-a,team-b}", "metrics.serviceMonitor.enabled=true",
+                  "vllmPodMonitor.enabled=true", "grafanaDashboard.enabled=true", "crds.keep=false"),
+                 id="namespaced-with-every-option"),
+])
+def test_helm_lint_is_clean(sets):
+    argv = [_helm(), "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION.lstrip("v")]
+    for s in sets:
+        argv += ["--set", s]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+# ---- what gets rendered ----------------------------------------------------------------
+
+@pytest.mark.parametrize("sets, expected", [
+    pytest.param((), ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
+                      "ServiceAccount"], id="cluster-wide-defaults"),
+    pytest.param(("watchNamespaces={a,b}",), ["CustomResourceDefinition", "Deployment", "Role", "Role",
+                                              "RoleBinding", "RoleBinding", "ServiceAccount"], id="namespaced"),
+    pytest.param(("crds.enabled=false", "rbac.create=false", "serviceAccount.create=false"), ["Deployment"],
+                 id="bring-your-own-crd-rbac-and-sa"),
+    pytest.param(("metrics.serviceMonitor.enabled=true",),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Service",
+                  "ServiceAccount", "ServiceMonitor"], id="service-monitor"),
+    pytest.param(("metrics.enabled=false", "metrics.serviceMonitor.enabled=true"),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
+                  "ServiceAccount"], id="no-metrics-no-monitor"),
+    pytest.param(("vllmPodMonitor.enabled=true", "grafanaDashboard.enabled=true", "crds.enabled=false"),
+                 ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "ServiceAccount"],
+                 id="pod-monitor-and-dashboard"),
+])
+def test_rendered_kinds(sets, expected):
+    assert kinds(render(*sets)) == sorted(expected)
+
+
+def test_every_object_carries_the_chart_labels():
+    for doc in render("metrics.serviceMonitor.enabled=true", "vllmPodMonitor.enabled=true",
+                      "grafanaDashboard.enabled=true"):
+        labels = doc["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/instance") == "bt", doc["kind"]
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm", doc["kind"]
+        assert labels.get("helm.sh/chart") == "batchtune-0.1.0", doc["kind"]
+
+
+# ---- the operator Deployment -----------------------------------------------------------
+
+def test_operator_deployment_is_one_recreated_replica():
+    dep = one(render(), "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    selector = dep["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_operator_runs_hardened():
+    docs = render()
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = operator_container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    # A read-only root needs a writable /tmp (matplotlib cache, temp files).
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert pod["serviceAccountName"] == "bt-batchtune"
+
+
+def test_operator_binds_its_endpoints_to_the_pod_ip_and_probes_healthz():
+    container = operator_container(render())
+    args = container["args"]
+    assert args[0] == "operator"
+    assert "--liveness-address=$(POD_IP):8080" in args
+    assert "--metrics-address=$(POD_IP):8081" in args
+    assert "--operator-image=ghcr.io/batchtune/batchtune:0.1.0" in args
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 8081}
+
+
+@pytest.mark.parametrize("sets, present, absent", [
+    pytest.param(("watchNamespaces={a,b}",), ["--namespace=a", "--namespace=b"], [], id="namespaced-watches"),
+    pytest.param((), [], ["--namespace="], id="cluster-wide-watches-all"),
+    pytest.param(("metrics.enabled=false",), ["--metrics-address="], ["--metrics-address=$(POD_IP):8081"],
+                 id="metrics-off"),
+    pytest.param(("image.tag=9.9.9",), ["--operator-image=ghcr.io/batchtune/batchtune:9.9.9"], [], id="tag"),
+    pytest.param(("image.digest=sha256:" + "a" * 64,),
+                 ["--operator-image=ghcr.io/batchtune/batchtune@sha256:" + "a" * 64], [], id="digest-wins"),
+    pytest.param(("operator.loadGeneratorImage=example.com/lg:1",), ["--operator-image=example.com/lg:1"], [],
+                 id="own-load-generator-image"),
+    pytest.param(("operator.verbose=true", "operator.extraArgs={--tick-seconds=5}"),
+                 ["--verbose", "--tick-seconds=5"], [], id="verbose-and-extra-args"),
+])
+def test_operator_args(sets, present, absent):
+    args = operator_container(render(*sets))["args"]
+    for arg in present:
+        assert arg in args, args
+    for arg in absent:
+        assert not any(a.startswith(arg) and (arg.endswith("=") or a == arg) for a in args), args
+
+
+def test_image_follows_tag_and_digest():
+    assert operator_container(render())["image"] == "ghcr.io/batchtune/batchtune:0.1.0"
+    assert operator_container(render("image.tag=1.2.3"))["image"] == "ghcr.io/batchtune/batchtune:1.2.3"
+
+
+# ---- RBAC ------------------------------------------------------------------------------
+
+def test_cluster_wide_rbac_grants_what_kopf_and_the_operator_need():
+    docs = render()
+    rules = one(docs, "ClusterRole")["rules"]
+    assert grants(rules, "batchtune.io", "batchtunings") == {"get", "list", "watch", "patch"}
+    assert grants(rules, "batchtune.io", "batchtunings/status") == {"get", "patch", "update"}
+    assert {"create", "patch"} <= grants(rules, "", "events")
+    assert grants(rules, "apiextensions.k8s.io", "customresourcedefinitions") == {"list", "watch"}
+    assert grants(rules, "", "namespaces") == {"list", "watch"}
+    assert grants(rules, "apps", "deployments") == {"get", "list", "watch", "create", "delete", "patch"}
+    assert grants(rules, "batch", "jobs") == {"get", "list", "watch", "create", "delete"}
+    assert grants(rules, "", "pods") == {"get", "list", "watch"}
+    assert grants(rules, "", "configmaps") == {"get", "create", "update", "patch"}
+    assert grants(rules, "", "secrets") == {"get"}
+    assert grants(rules, "", "nodes") == {"get", "list"}
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "bt-batchtune"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bt-batchtune", "namespace": NAMESPACE}]
+
+
+def test_namespaced_rbac_has_no_cluster_wide_rights():
+    docs = render("watchNamespaces={team-a,team-b}")
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    for ns, role in roles.items():
+        rules = role["rules"]
+        assert grants(rules, "batchtune.io", "batchtunings/status") == {"get", "patch", "update"}
+        assert grants(rules, "apps", "deployments") >= {"create", "patch"}
+        # Cluster-scoped resources make no sense in a Role and must not be there.
+        assert not grants(rules, "", "nodes") and not grants(rules, "", "namespaces")
+        assert not grants(rules, "apiextensions.k8s.io", "customresourcedefinitions")
+        assert bindings[ns]["subjects"][0]["namespace"] == NAMESPACE
+        assert bindings[ns]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                           "name": "bt-batchtune"}
+
+
+@pytest.mark.parametrize("sets", [pytest.param((), id="cluster-wide"),
+                                  pytest.param(("watchNamespaces={a}",), id="namespaced")])
+def test_rbac_is_least_privilege(sets):
+    for doc in render(*sets):
+        if doc["kind"] not in ("ClusterRole", "Role"):
+            continue
+        for rule in doc["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+            # Secrets are read one by one (authSecretRef), never listed or watched.
+            if "secrets" in rule["resources"]:
+                assert rule["verbs"] == ["get"]
+            # The operator never deletes pods, nor anything in production other than its own trials.
+            if "pods" in rule["resources"]:
+                assert "delete" not in rule["verbs"]
+
+
+def test_rbac_rules_are_grouped_as_framework_and_application():
+    text = render_text()
+    role = text[text.index("kind: ClusterRole\n"):text.index("kind: ClusterRoleBinding")]
+    assert "# Framework" in role and "# Application" in role
+    assert role.index("# Framework") < role.index("batchtunings/status")
+    assert role.index("# Application") < role.index("deployments")
+
+
+def test_secrets_are_not_granted_without_read_secrets():
+    rules = one(render("rbac.readSecrets=false"), "ClusterRole")["rules"]
+    assert not grants(rules, "", "secrets")
+
+
+# ---- CRD lifecycle ---------------------------------------------------------------------
+
+def test_chart_crd_is_the_source_crd():
+    source = [d for d in yaml.safe_load_all((REPO / "crds" / "batchtune.io_batchtunings.yaml").read_text()) if d]
+    charted = [d for d in render() if d["kind"] == "CustomResourceDefinition"]
+    assert len(source) == len(charted) == 1
+    for doc in charted:
+        doc["metadata"].pop("labels")
+        doc["metadata"].pop("annotations", None)
+    assert charted == source
+
+
+def test_sync_crds_check_passes():
+    done = subprocess.run([sys.executable, str(REPO / "hack" / "sync-crds"), "--check"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("keep, annotated", [pytest.param("true", True, id="keep"),
+                                             pytest.param("false", False, id="delete-on-uninstall")])
+def test_crd_keep_annotation(keep, annotated):
+    crd = one(render(f"crds.keep={keep}"), "CustomResourceDefinition")
+    policy = (crd["metadata"].get("annotations") or {}).get("helm.sh/resource-policy")
+    assert (policy == "keep") is annotated
+
+
+# ---- values and their schema -----------------------------------------------------------
+
+@pytest.mark.parametrize("bad_set, complaint", [
+    pytest.param("imagetag=1", "imagetag", id="unknown-top-level"),
+    pytest.param("image.tga=1", "tga", id="unknown-nested"),
+    pytest.param("crds.enabled=yes", "crds", id="wrong-type"),
+    pytest.param("watchNamespaces={Not_A_Namespace}", "watchNamespaces", id="invalid-namespace"),
+    pytest.param("image.pullPolicy=Sometimes", "pullPolicy", id="enum"),
+    pytest.param("health.port=70000", "port", id="port-range"),
+    pytest.param("securityContext.privilegd=true", "privilegd", id="typo-in-security-context"),
+])
+def test_schema_rejects_bad_values(bad_set, complaint):
+    argv = [_helm(), "template", "bt", str(CHART), "--kube-version", KUBE_VERSION.lstrip("v"), "--set", bad_set]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert complaint in done.stderr, done.stderr
+
+
+def _object_schemas(node: Any, path: str = "$"):
+    if isinstance(node, dict):
+        if node.get("type") == "object" or "properties" in node:
+            yield path, node
+        for key, value in node.items():
+            yield from _object_schemas(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _object_schemas(value, f"{path}[{i}]")
+
+
+def test_schema_closes_every_object():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for path, node in _object_schemas(schema):
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path} allows unknown keys"
+        elif "$comment" not in node:
+            # A map (labels, quantities): its values are typed; only documented pass-through objects stay open.
+            assert isinstance(node.get("additionalProperties"), dict), f"{path} is an untyped open object"
+
+
+def test_default_values_validate_against_the_schema():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def test_schema_covers_exactly_the_values():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"])
+
+
+# Kubernetes objects passed through as written: their fields are Kubernetes', documented there.
+PASS_THROUGH = ("resources", "podSecurityContext", "securityContext", "vllmPodMonitor.selector",
+                "grafanaDashboard.labels", "metrics.serviceMonitor.labels", "vllmPodMonitor.labels")
+
+
+def test_every_value_is_documented_by_a_comment_starting_with_its_name():
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    undocumented = []
+    for i, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z][A-Za-z0-9_]*):", line)
+        if not match:
+            continue
+        indent, key = len(match.group(1)), match.group(2)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = ".".join(k for _, k in stack)
+        path = f"{parent}.{key}" if parent else key
+        stack.append((indent, key))
+        if any(parent == p or parent.startswith(p + ".") for p in PASS_THROUGH):
+            continue
+        comment = lines[i - 1].strip() if i else ""
+        # The comment block above the key: walk up to its first line.
+        j = i - 1
+        while j > 0 and lines[j - 1].strip().startswith("#") and lines[j].strip().startswith("#"):
+            j -= 1
+        first = lines[j].strip() if j >= 0 else ""
+        if not (comment.startswith("#") and first.startswith(f"# {key}")):
+            undocumented.append(path)
+    assert not undocumented, f"values without a comment starting with their name: {undocumented}"
+
+
+# ---- optional objects ------------------------------------------------------------------
+
+def test_service_monitor_scrapes_the_metrics_port():
+    docs = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
+    monitor = one(docs, "ServiceMonitor")
+    service = one(docs, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= \
+        one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("sets, namespace_selector", [
+    pytest.param((), {"any": True}, id="all-namespaces"),
+    pytest.param(("vllmPodMonitor.namespaces={inference}",), {"matchNames": ["inference"]}, id="listed"),
+])
+def test_vllm_pod_monitor(sets, namespace_selector):
+    monitor = one(render("vllmPodMonitor.enabled=true", *sets), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == namespace_selector
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/metrics", "interval": "5s"}]
+    assert monitor["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/component": "vllm"}}
+
+
+def test_grafana_dashboard_is_valid_json_with_the_three_panels():
+    cm = one(render("grafanaDashboard.enabled=true"), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["batchtune.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    assert "batchtune_trials_total" in exprs
+    assert "DCGM_FI_DEV_GPU_UTIL" in exprs
+    assert "histogram_quantile(0.95" in exprs and "vllm:inter_token_latency_seconds_bucket" in exprs
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+# ---- manifests/ ------------------------------------------------------------------------
+
+def test_manifests_match_the_chart_byte_for_byte(tmp_path):
+    env = dict(os.environ, HELM=_helm())
+    done = subprocess.run([sys.executable, str(REPO / "hack" / "render-manifests"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    rendered = sorted(p.name for p in tmp_path.iterdir())
+    assert rendered == ["install-namespaced.yaml", "install.yaml"]
+    stale = [name for name in rendered
+             if (tmp_path / name).read_bytes() != (REPO / "manifests" / name).read_bytes()]
+    assert not stale, f"manifests/{stale} drifted from the chart: run hack/render-manifests"
+
+
+def test_install_manifest_creates_its_namespace_first():
+    docs = [d for d in yaml.safe_load_all((REPO / "manifests" / "install.yaml").read_text()) if d]
+    assert docs[0] == {"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "batchtune"}}}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] in ("Deployment", "ServiceAccount")} == \
+        {NAMESPACE}
