@@ -260,3 +260,31 @@ def test_runtime_oom_kills_the_process_like_the_kernel(tmp_path):
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, out
     assert "CUDA out of memory" in (tmp_path / "term").read_text()
+
+
+@pytest.mark.slow
+def test_server_and_model_agree():
+    """Loadgen against `twin serve` matches `predict` within 10% on throughput and median ITL."""
+    from batchtune.twin.predict import Workload, predict
+
+    time_scale, duration, concurrency, input_len, output_len = 2.0, 20.0, 16, 256, 64
+    cfg = ServeConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
+    expected = predict(cfg, Workload(input_len=input_len, output_len=output_len, concurrency=concurrency),
+                       duration_s=duration).metrics  # fmt: skip
+
+    async def go():
+        server = TwinServer(Engine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=time_scale,
+                                                       stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
+        await server.start()
+        server.mark_ready()
+        try:
+            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=input_len,
+                            output_len=output_len, concurrency=concurrency, num_prompts=10**6, duration_s=duration,
+                            warmup_s=0.2 * duration, time_scale=time_scale)  # fmt: skip
+            return await run_load(spec)
+        finally:
+            await server.stop()
+
+    measured = asyncio.run(asyncio.wait_for(go(), timeout=60))
+    for key in ("output_throughput", "request_throughput", "median_itl_ms"):
+        assert measured[key] == pytest.approx(expected[key], rel=0.10), (key, measured[key], expected[key])

@@ -22,7 +22,7 @@ def samples():
     metrics = VllmMetrics(MODEL, max_model_len=8192, cache_info=CacheConfigInfo(16, 27000, 0.9, kv_cache_size_tokens=432000),
                           legacy_gpu_cache_usage=True)  # fmt: skip
     metrics.set_scheduler_state(running=3, waiting=1, kv_usage=0.25)
-    metrics.observe_step(prompt_tokens=100, decode_tokens=3, preempted=1)
+    metrics.observe_step(prompt_tokens=100, generation_tokens=3, preempted=1)
     metrics.observe_request_start(128)
     metrics.time_to_first_token.observe(0.03)
     metrics.inter_token_latency.observe(0.012)

@@ -108,6 +108,25 @@ class StepTiming:
         self.max_error_s = max(self.max_error_s, abs(late_by))
         self.errors.append((duration, late_by))
 
+    def summary(self) -> dict[str, float]:
+        """Step timing error: |actual - scheduled step end| relative to the step's scheduled length."""
+        rel = sorted(abs(late) / dur for dur, late in self.errors if dur > 0)
+
+        def pct(p: float) -> float:
+            return rel[min(len(rel) - 1, int(p / 100 * len(rel)))] if rel else 0.0
+
+        return {
+            "steps": self.steps,
+            "mean_step_ms": 1000 * self.scheduled_s / self.steps if self.steps else 0.0,
+            "mean_abs_error_ms": 1000 * self.abs_error_s / self.steps if self.steps else 0.0,
+            "max_abs_error_ms": 1000 * self.max_error_s,
+            "error_fraction": self.abs_error_s / self.scheduled_s if self.scheduled_s else 0.0,
+            "p50_relative_error": pct(50),
+            "p95_relative_error": pct(95),
+            "p99_relative_error": pct(99),
+            "clock_restarts": self.restarts,
+        }
+
 
 @dataclass
 class _Activity:
@@ -121,6 +140,8 @@ class _Activity:
     power: float = 0.0
 
     def add(self, out: Any, wall: float) -> None:
+        if not (getattr(out, "prompt_tokens", 0) or getattr(out, "decode_tokens", 0)):
+            return  # the engine waiting on the API server: nothing ran on the GPU
         self.busy += wall
         self.sm_active += getattr(out, "sm_active", 0.0) * wall
         self.sm_occupancy += getattr(out, "sm_occupancy", 0.0) * wall
@@ -195,7 +216,8 @@ class TwinServer:
         """Bind the socket and start the step loop and reporters (the API answers 503 until `mark_ready`)."""
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # Streams stalled by the stopped step loop would hold a graceful shutdown for its default 60 s.
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024, reuse_address=True)
         await site.start()
@@ -359,6 +381,7 @@ class TwinServer:
         app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/twin/timing", self._timing)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         return app
@@ -378,6 +401,12 @@ class TwinServer:
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _timing(self, request: web.Request) -> web.Response:
+        summary = self.timing.summary()
+        if request.query.get("reset"):  # benchmarks drop the warm-up
+            self.timing = StepTiming()
+        return web.json_response(summary)
 
     async def _models(self, _request: web.Request) -> web.Response:
         blocked = self._not_ready()
