@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "batchtune.cli.validate",
     "batchtune.cli.plan",
     "batchtune.cli.twin",
+    "batchtune.cli.loadgen",
 ]
 
 
