@@ -29,10 +29,7 @@ def _hack(command: str, state_dir: Path, *args: str, timeout: float = 120) -> su
 def second_cluster(tmp_path: Path, cluster: lc.ClusterInfo):
     """A second cluster started through hack/localcluster/up; stopped even if the test fails."""
     state = tmp_path / "cluster"
-    images = tmp_path / "images.yaml"
-    images.write_text('images:\n  - match: "batchtune.test/*"\n    run: []\n')
-    started = _hack("up", state, "--nodes", "1", "--gpus-per-node", "2", "--pod-network", "127.77.0.0/16",
-                    "--image-map", str(images))
+    started = _hack("up", state, "--nodes", "1", "--gpus-per-node", "2", "--pod-network", "127.77.0.0/16")
     assert started.returncode == 0, started.stderr
     yield state
     _hack("down", state)

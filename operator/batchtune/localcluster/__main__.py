@@ -16,7 +16,7 @@ def _up(args: argparse.Namespace) -> int:
         gpu_product=args.gpu_product, time_scale=args.time_scale, scrape_interval_s=args.scrape_interval,
         node_agent=not args.no_node_agent, keep_data=args.keep_data, timeout_s=args.timeout,
         pod_network=args.pod_network,
-        node_agent_args=("--image-map", str(args.image_map.resolve())) if args.image_map else (),
+        **({"image_map": args.image_map.resolve()} if args.image_map else {}),
     )
     began = time.monotonic()
     try:
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-scale", type=float, default=1.0, help="divide simulated durations by this")
     up.add_argument("--scrape-interval", type=float, default=2.0, help="Prometheus scrape interval, seconds")
     up.add_argument("--pod-network", help="loopback CIDR for pod IPs (node agent default 127.1.0.0/16)")
-    up.add_argument("--image-map", type=Path, help="node agent image -> command rules (YAML)")
+    up.add_argument("--image-map", type=Path, help="node agent image -> command rules (default hack/localcluster/images.yaml)")
     up.add_argument("--no-node-agent", action="store_true", help="control plane and Prometheus only")
     up.add_argument("--keep-data", action="store_true", help="keep etcd/Prometheus data of the last run")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for each component")

@@ -25,6 +25,7 @@ from batchtune.localcluster.binaries import Binaries, require_binaries
 from batchtune.localcluster.processes import Managed
 
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+DEFAULT_IMAGE_MAP = Path(__file__).resolve().parents[3] / "hack" / "localcluster" / "images.yaml"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Component names in start order; `down` stops them in reverse.
 START_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "prometheus", "nodeagent")
@@ -49,8 +50,10 @@ class ClusterConfig:
     """Start the node agent (only if the `batchtune.nodeagent` module exists)."""
     pod_network: str | None = None
     """Loopback CIDR for pod IPs (node agent default 127.1.0.0/16); give a second cluster another one."""
+    image_map: Path | None = field(default_factory=lambda: DEFAULT_IMAGE_MAP if DEFAULT_IMAGE_MAP.exists() else None)
+    """Node agent image -> command rules; the default lets tests run any command as image batchtune.test/*."""
     node_agent_args: tuple[str, ...] = ()
-    """Extra node agent flags, e.g. ("--image-map", "images.yaml")."""
+    """Extra node agent flags."""
     keep_data: bool = False
     """Keep etcd and Prometheus data from the previous run instead of starting empty."""
     timeout_s: float = 90.0
@@ -310,6 +313,7 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
                 "--metrics-address", f"127.0.0.1:{ports['gpu-metrics']}",
                 "--state-dir", str(data_dirs["nodeagent"]), "--time-scale", f"{config.time_scale:g}",
                 *(["--pod-network", config.pod_network] if config.pod_network else []),
+                *(["--image-map", str(config.image_map)] if config.image_map else []),
                 *config.node_agent_args,
             ], (ports["gpu-metrics"],))
 
