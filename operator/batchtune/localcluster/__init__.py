@@ -19,6 +19,7 @@ from batchtune.localcluster.cluster import (
     ClusterConfig,
     ClusterError,
     ClusterInfo,
+    ClusterInUse,
     ComponentHealth,
     attach,
     check,
@@ -46,7 +47,7 @@ def make_kubeconfig(info: ClusterInfo, user: str, groups: tuple[str, ...] = (), 
 
 
 __all__ = [
-    "ClusterConfig", "ClusterError", "ClusterInfo", "ComponentHealth", "MissingBinaries", "Timeout",
+    "ClusterConfig", "ClusterError", "ClusterInfo", "ClusterInUse", "ComponentHealth", "MissingBinaries", "Timeout",
     "attach", "binaries", "check", "default_state_dir", "detach", "down", "is_healthy", "load",
     "make_kubeconfig", "require_binaries", "up", "wait_for",
 ]

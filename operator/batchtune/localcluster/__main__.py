@@ -40,7 +40,11 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    still = lc.down(args.state_dir, log=lambda line: print(f"Stopped {line}"))
+    try:
+        still = lc.down(args.state_dir, log=lambda line: print(f"Stopped {line}"), force=args.force)
+    except lc.ClusterInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if still:
         print(f"error: ports still listening after stop: {still}", file=sys.stderr)
         return 1
@@ -92,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for each component")
     up.set_defaults(func=_up)
 
-    sub.add_parser("down", parents=[common], help="stop exactly the processes `up` started").set_defaults(func=_down)
+    down = sub.add_parser("down", parents=[common], help="stop exactly the processes `up` started")
+    down.add_argument("--force", action="store_true", help="stop even while test sessions use the cluster")
+    down.set_defaults(func=_down)
     sub.add_parser("status", parents=[common], help="each component's PID, ports and health").set_defaults(func=_status)
 
     kc = sub.add_parser("kubeconfig", parents=[common], help="write a kubeconfig for any identity (client certificate)")

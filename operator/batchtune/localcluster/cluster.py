@@ -175,11 +175,23 @@ def up(config: ClusterConfig | None = None) -> tuple[ClusterInfo, bool]:
     with _locked(state):
         existing = load(state)
         if existing is not None:
-            if is_healthy(existing):
+            if _recovers(existing):
                 return existing, False
             _stop_all(existing, log=lambda _: None)
             (state / "cluster.json").unlink()
         return _start(config, require_binaries()), True
+
+
+def _recovers(info: ClusterInfo, grace_s: float = 30.0) -> bool:
+    """Healthy now, or within `grace_s` while every process still runs (a loaded machine answers slowly)."""
+    if is_healthy(info):
+        return True
+    if not all(processes.is_alive(p) for p in info.processes):
+        return False
+    try:
+        return health.wait_for(lambda: is_healthy(info), timeout=grace_s, interval=1.0)
+    except health.Timeout:
+        return False
 
 
 def _node_agent_available() -> bool:
@@ -387,12 +399,21 @@ def _stop_all(info: ClusterInfo, log: Any) -> None:
         log(f"{proc.name} (pid {proc.pid}): {outcome}")
 
 
-def down(state_dir: Path | None = None, log: Any = print) -> list[int]:
+class ClusterInUse(RuntimeError):
+    """`down` refused: live test sessions are attached to the cluster (the message lists their PIDs)."""
+
+
+def down(state_dir: Path | None = None, log: Any = print, force: bool = False) -> list[int]:
     """Stop every recorded process in reverse start order; return recorded ports still listening.
 
+    Refuses with `ClusterInUse` while other test sessions are attached, unless `force`.
     Removes only `cluster.json` and `env` (the record of running processes), nothing else.
     """
     state = (state_dir or default_state_dir()).resolve()
+    users = [pid for pid in _live_users(state / "users") if pid != os.getpid()]
+    if users and not force:
+        raise ClusterInUse(f"test sessions with PIDs {users} use the cluster in {state}; "
+                           "stop them first or pass --force")
     with _locked(state):
         info = load(state)
         if info is None:
