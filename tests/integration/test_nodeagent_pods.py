@@ -39,12 +39,41 @@ SERVER = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class Pool:
     id: str
     nodes: tuple[str, ...]
     state_dir: Path
     log: Path
+    argv: list[str]
+    agent: subprocess.Popen[bytes] | None = None
+
+    def start(self, kube) -> None:
+        with open(self.log, "ab") as out:
+            self.agent = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not self._ready(kube):
+            if self.agent.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"pool node agent did not get ready:\n{self.log_tail()}", pytrace=False)
+            time.sleep(0.5)
+
+    def _ready(self, kube) -> bool:
+        try:
+            return all(any(c.type == "Ready" and c.status == "True" for c in kube.core.read_node(n).status.conditions or [])
+                       for n in self.nodes)
+        except Exception:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.agent is None:
+            return
+        self.agent.send_signal(sig)
+        try:
+            self.agent.wait(40)
+        except subprocess.TimeoutExpired:
+            self.agent.kill()
+            self.agent.wait(5)
+        self.agent = None
 
     def pod_spec(self, command: list[str], *, gpus: int = 1, restart: str = "Always", image: str = "batchtune.test/cmd",
                  **container: Any) -> dict[str, Any]:
@@ -97,36 +126,13 @@ def pool(cluster, kube, tmp_path_factory) -> Iterator[Pool]:
         "--image-map", str(image_map), "--metrics-address", f"127.0.0.1:{_free_port()}",
         "--pod-network", POOL_NETWORK, "--time-scale", "20",
     ]
-    with open(log, "wb") as out:
-        agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    nodes = (f"{prefix}0", f"{prefix}1")
+    pool = Pool(pool_id, (f"{prefix}0", f"{prefix}1"), root / "state", log, argv)
     try:
-        def ready() -> bool:
-            for name in nodes:
-                node = kube.core.read_node(name)
-                if not any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
-                    return False
-            return True
-
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if ready():
-                    break
-            except Exception:
-                pass
-            if agent.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"pool node agent did not get ready:\n{log.read_text()[-3000:]}", pytrace=False)
-            time.sleep(0.5)
-        yield Pool(pool_id, nodes, root / "state", log)
+        pool.start(kube)
+        yield pool
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(40)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(5)
-        for name in nodes:
+        pool.stop()
+        for name in pool.nodes:
             try:
                 kube.core.delete_node(name)
             except Exception:
@@ -284,3 +290,28 @@ def test_gpu_metric_is_labelled_with_the_pod_holding_the_gpu(cluster, kube, name
     assert labels["container"] == "vllm" and labels["Hostname"] == pod.spec.node_name
     assert labels["modelName"].startswith("NVIDIA") and labels["device"] == f"nvidia{labels['gpu']}"
     kube.apps.delete_namespaced_deployment("vllm", namespace)
+
+
+def test_restarted_agent_adopts_running_processes_and_kills_orphans(pool, kube, namespace, wait_for):
+    for name in ("keep", "orphan"):
+        _bare_pod(kube, namespace, name, pool.pod_spec(["sleep", "3600"], gpus=0))
+    for name in ("keep", "orphan"):
+        wait_for(lambda n=name: kube.core.read_namespaced_pod(n, namespace).status.phase == "Running",
+                 timeout=60, what=f"pod {name} Running")
+    before = kube.core.read_namespaced_pod("keep", namespace)
+    pids = pool.pids()
+    keep_pid, orphan_pid = pids["keep"], pids["orphan"]
+
+    pool.stop(signal.SIGKILL)  # a crash: nothing is cleaned up
+    assert _alive(keep_pid) and _alive(orphan_pid)
+    kube.core.delete_namespaced_pod("orphan", namespace, grace_period_seconds=0)  # gone while the agent is down
+    pool.start(kube)
+
+    wait_for(lambda: not _alive(orphan_pid), timeout=30, what=f"orphan process {orphan_pid} killed")
+    assert _alive(keep_pid) and pool.pids()["keep"] == keep_pid
+    time.sleep(2)  # a few sync rounds of the new agent
+    after = kube.core.read_namespaced_pod("keep", namespace)
+    assert after.status.pod_ip == before.status.pod_ip
+    assert after.status.phase == "Running" and _container_state(after).restart_count == 0
+    kube.core.delete_namespaced_pod("keep", namespace)
+    wait_for(lambda: not _alive(keep_pid), timeout=30, what=f"process {keep_pid} of pod keep ended")
