@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from batchtune.bench.loadsearch import exact_capacity
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.testbed import GroundTruth, derive_seed
 from batchtune.bench.types import Knobs, Load, Reading, Slo, Testbed
 
-# The simulated window of a noise-free judgement: long enough for the queue to show past capacity.
-JUDGE_WINDOW_S = 120.0
+# The shortest simulated window of a noise-free judgement: long enough for a queue to show past capacity.
+JUDGE_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -37,25 +37,51 @@ class Judge:
 
     scenario: Scenario
     truth: GroundTruth
-    window_s: float = JUDGE_WINDOW_S
+    window_s: float = 0.0
+    """0: the scenario's measured window, at least JUDGE_WINDOW_S."""
     _cache: dict[Knobs, Evaluation] = field(default_factory=dict)
+    _shared: dict[tuple[int, int | None], Evaluation] = field(default_factory=dict)
     evaluations: int = 0
 
     def measure(self, knobs: Knobs, load: Load, *, seed: int = 0, noise: float = 0.0) -> Reading:
         self.evaluations += 1
-        return self.truth.measure(self.scenario, knobs, load, duration_s=self.window_s, seed=seed, noise=noise)
+        window = self.window_s or max(JUDGE_WINDOW_S, self.scenario.measure_s)
+        return self.truth.measure(self.scenario, knobs, load, duration_s=window, seed=seed, noise=noise)
 
-    def objective(self, knobs: Knobs) -> Evaluation:
+    def objective(self, knobs: Knobs, *, hint: float | None = None) -> Evaluation:
+        """`hint`: a neighbouring setting's capacity, where the load search starts (saves steps)."""
         cached = self._cache.get(knobs)
-        if cached is None:
-            cached = self._evaluate(knobs)
-            self._cache[knobs] = cached
-        return cached
+        if cached is not None:
+            return cached
+        # Where the KV pool holds max-num-seqs full requests it never binds, and the run is the same at
+        # every gmu: share one evaluation (exact, not an approximation; memory failures are per setting).
+        unbounded = getattr(self.truth, "kv_never_binds", None)
+        shared = None
+        if unbounded is not None and unbounded(self.scenario, knobs):
+            shared = (knobs.max_num_seqs, knobs.max_num_batched_tokens)
+        start = self.truth.startup(self.scenario, knobs)
+        if start.ok and shared is not None and shared in self._shared:
+            base = self._shared[shared]
+            burst = getattr(self.truth, "burst_failure", None)
+            crash = burst(self.scenario, knobs) if burst is not None else None
+            result = Evaluation(knobs, 0.0, None, failure=crash) if crash else Evaluation(
+                knobs, base.objective, base.load, base.reading, base.failure)
+        else:
+            result = self._evaluate(knobs, hint)
+            if shared is not None and start.ok and not _memory_failure(result):
+                self._shared[shared] = result
+        self._cache[knobs] = result
+        return result
 
-    def _evaluate(self, knobs: Knobs) -> Evaluation:
+    def _evaluate(self, knobs: Knobs, hint: float | None) -> Evaluation:
         start = self.truth.startup(self.scenario, knobs)
         if not start.ok:
             return Evaluation(knobs, 0.0, None, failure=start.error)
+        burst = getattr(self.truth, "burst_failure", None)
+        crash = burst(self.scenario, knobs) if burst is not None else None
+        if crash:
+            # A server that dies at the first traffic burst is no recommendation, whatever it holds before.
+            return Evaluation(knobs, 0.0, None, failure=crash)
         sc = self.scenario
         if sc.objective == "throughput":
             assert sc.load is not None
@@ -72,10 +98,15 @@ class Judge:
                 failures.append(reading)
             return reading
 
-        found = exact_capacity(measure, sc.slo, sc.load_kind, saturation_concurrency=knobs.max_num_seqs)
+        found = exact_capacity(
+            measure, sc.slo, sc.load_kind, saturation_concurrency=knobs.max_num_seqs, hint=hint
+        )
         if failures:
             return Evaluation(knobs, 0.0, None, failures[0], failures[0].failure)
-        return Evaluation(knobs, found.value, found.load, found.reading)
+        if found.reading is None or found.load is None:
+            return Evaluation(knobs, 0.0, None, found.reading)
+        # The operator's `sloCapacity`: request throughput sustained at the highest passing load.
+        return Evaluation(knobs, max(found.reading.get("request_throughput", 0.0), 0.0), found.load, found.reading)
 
     def holds(self, knobs: Knobs, load: Load, *, seed: int | None = None, noise: float = 0.0) -> bool:
         """Does the setting meet every SLO at this load (noise-free unless noise and seed are given)?"""
@@ -88,6 +119,10 @@ class Judge:
         return sum(
             not self.holds(knobs, load, seed=derive_seed(seed, "recheck", i), noise=noise) for i in range(repeats)
         )
+
+
+def _memory_failure(evaluation: Evaluation) -> bool:
+    return evaluation.failure is not None and "memory" in evaluation.failure.lower()
 
 
 @dataclass(frozen=True)
@@ -147,10 +182,12 @@ def operator_trial(
     knobs: Knobs,
     *,
     protocol: TrialProtocol = TrialProtocol(),
-    start_hint: Load | None = None,
+    neighbours: Sequence[TrialResult] = (),
 ) -> TrialResult:
-    """Start the setting and measure it as the operator does. For SLO capacity: the controller's
-    load search from `start_hint` (the best capacity so far) or the batch size / 1 req/s."""
+    """Start the setting and measure it as the operator does (controller `flow`/`tuning`): for SLO
+    capacity, the controller's load search, warm-started at the nearest finished trial's capacity load
+    (scaled by max-num-seqs on a closed loop), capped at twice the batch on a closed loop; the objective
+    is the request throughput at the highest passing load (`sloCapacity`)."""
     from batchtune.controller.loadsearch import LoadStep, SearchBounds, capacity, next_load
 
     start = testbed.start(knobs)
@@ -159,7 +196,7 @@ def operator_trial(
     dead: list[Reading] = []
 
     def measure(load: Load) -> Reading:
-        # Repeats average nothing here; each is billed and the worst reading decides, as a cautious operator would.
+        # Repeats: each is billed and the worst reading decides (the controller's worst-case combine).
         readings = []
         for _ in range(protocol.repeats):
             reading = testbed.run_load(load)
@@ -179,11 +216,11 @@ def operator_trial(
         return TrialResult(knobs, True, value if met else 0.0, met, scenario.load if met else None, reading, None, 1)
 
     kind = scenario.load_kind
-    if start_hint is not None and start_hint.kind == kind:
-        first = _to_int_load(kind, start_hint.value)
-    else:
-        first = knobs.max_num_seqs if kind == "concurrency" else 60
-    bounds = SearchBounds(start=first, max_steps=protocol.max_load_steps, resolution=protocol.resolution)
+    bounds = SearchBounds(
+        start=_capacity_start(scenario, knobs, neighbours),
+        highest=10_000_000 if kind == "request_rate" else max(2, 2 * knobs.max_num_seqs),
+        max_steps=protocol.max_load_steps, resolution=protocol.resolution,
+    )
     steps: list[LoadStep] = []
     readings: dict[int, Reading] = {}
     while (load := next_load(steps, bounds)) is not None:
@@ -198,8 +235,25 @@ def operator_trial(
     best = capacity(steps)
     if best is None:
         return TrialResult(knobs, True, 0.0, False, None, None, None, len(steps))
-    claimed = _from_int_load(kind, best.load)
-    return TrialResult(knobs, True, claimed.value, True, claimed, readings[best.load], None, len(steps))
+    reading = readings[best.load]
+    value = max(reading.get("request_throughput", 0.0), 0.0)
+    return TrialResult(knobs, True, value, True, _from_int_load(kind, best.load), reading, None, len(steps))
+
+
+def _capacity_start(scenario: Scenario, knobs: Knobs, neighbours: Sequence[TrialResult]) -> int:
+    """The controller's `capacity_start`."""
+    kind = scenario.load_kind
+    found = [
+        (abs(math.log2(r.knobs.max_num_seqs / knobs.max_num_seqs)), r.knobs.max_num_seqs, r.claimed_load.value)
+        for r in neighbours if r.met and r.claimed_load is not None
+    ]
+    if found:
+        _, their_seqs, cap = min(found)
+        scale = 1.0 if kind == "request_rate" else min(knobs.max_num_seqs / their_seqs, 2.0)
+        return max(1, int(_to_int_load(kind, cap) * max(scale, 0.5)))
+    if kind == "request_rate":
+        return _to_int_load(kind, scenario.expected_rate)
+    return max(1, knobs.max_num_seqs // 2)
 
 
 @dataclass
@@ -213,11 +267,7 @@ class TrialRunner:
     results: list[TrialResult] = field(default_factory=list)
 
     def run(self, knobs: Knobs) -> TrialResult:
-        hint = max((r for r in self.results if r.met), key=lambda r: r.objective, default=None)
-        result = operator_trial(
-            self.testbed, self.scenario, knobs, protocol=self.protocol,
-            start_hint=hint.claimed_load if hint is not None else None,
-        )
+        result = operator_trial(self.testbed, self.scenario, knobs, protocol=self.protocol, neighbours=self.results)
         self.results.append(result)
         return result
 

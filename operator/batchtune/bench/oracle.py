@@ -36,7 +36,16 @@ class OracleResult:
 def run_oracle(judge: Judge, extra: Iterable[Knobs] = ()) -> OracleResult:
     space = judge.scenario.oracle_space
     grid = space.grid() + [k for k in extra if k not in set(space.grid())]
-    evaluations = [judge.objective(knobs) for knobs in grid]
+    evaluations = []
+    previous: Evaluation | None = None
+    for knobs in grid:
+        # Neighbours along max-num-seqs have close capacities: start each search at the last one.
+        same_column = previous is not None and (
+            previous.knobs.gpu_memory_utilization_pct, previous.knobs.max_num_batched_tokens
+        ) == (knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
+        hint = previous.load.value if same_column and previous is not None and previous.load is not None else None
+        previous = judge.objective(knobs, hint=hint)
+        evaluations.append(previous)
     best = max(evaluations, key=_rank)
     max_gmu = max(space.gpu_memory_utilization_pct)
     at_max = [e.objective for e in evaluations if e.knobs.gpu_memory_utilization_pct == max_gmu]

@@ -113,10 +113,15 @@ def run_scenario(
     strategies: Sequence[TuningStrategy] | None = None,
     cost: CostModel = CostModel(),
     with_tpe: bool = True,
+    use_cache: bool = False,
 ) -> ScenarioResult:
     started = time.monotonic()
     strategies = list(strategies) if strategies is not None else default_strategies(truth)
     judge = Judge(scenario, truth)
+    if use_cache:
+        from batchtune.bench.cache import load_into
+
+        load_into(judge)
     choices: list[tuple[str, Choice, SimTestbed]] = []
     for strategy in strategies:
         name = _name(strategy)
@@ -129,6 +134,10 @@ def run_scenario(
         testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, tpe.name), noise, cost)
         choices.append((tpe.name, tpe.tune(testbed, scenario, seed=seed), testbed))
     oracle = run_oracle(judge, extra=[c.knobs for _, c, _ in choices if c.knobs is not None])
+    if use_cache:
+        from batchtune.bench.cache import save_from
+
+        save_from(judge)
     runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise) for name, choice, testbed in choices)
     best = oracle.best
     return ScenarioResult(
@@ -233,6 +242,7 @@ def run_bench(
     seed: int = 0,
     noise: float,
     jobs: int = 1,
+    use_cache: bool = False,
     progress: Callable[[ScenarioResult], None] | None = None,
 ) -> BenchResult:
     started = time.monotonic()
@@ -240,7 +250,7 @@ def run_bench(
     if jobs <= 1 or len(scenarios) <= 1:
         truth = truth_factory()
         for scenario in scenarios:
-            result = run_scenario(scenario, truth, seed=seed, noise=noise)
+            result = run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache)
             results.append(result)
             if progress:
                 progress(result)
@@ -248,7 +258,7 @@ def run_bench(
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_run_one, scenario, truth_factory, seed, noise) for scenario in scenarios]
+            futures = [pool.submit(_run_one, scenario, truth_factory, seed, noise, use_cache) for scenario in scenarios]
             for future in futures:
                 result = future.result()
                 results.append(result)
@@ -260,5 +270,7 @@ def run_bench(
     )
 
 
-def _run_one(scenario: Scenario, truth_factory: Callable[[], GroundTruth], seed: int, noise: float) -> ScenarioResult:
-    return run_scenario(scenario, truth_factory(), seed=seed, noise=noise)
+def _run_one(
+    scenario: Scenario, truth_factory: Callable[[], GroundTruth], seed: int, noise: float, use_cache: bool
+) -> ScenarioResult:
+    return run_scenario(scenario, truth_factory(), seed=seed, noise=noise, use_cache=use_cache)

@@ -78,6 +78,10 @@ class Scenario:
     oracle_space: SearchSpace = field(
         default_factory=lambda: SearchSpace(ORACLE_MAX_NUM_SEQS, ORACLE_GMU_PCT)
     )
+    measure_s: float = 60.0
+    """Measured window of one load step (`spec.trial.measureSeconds`); long generations need longer."""
+    expected_rate: float = 10.0
+    """Open loop: the request rate (req/s) the user puts in `spec.load`, where the first load search starts."""
     default_gmu_pct: int = 90
     """What an untuned deployment runs with (vLLM's long-standing default)."""
     tags: tuple[str, ...] = ()
@@ -101,9 +105,9 @@ class Scenario:
 
     @property
     def objective_unit(self) -> str:
-        if self.objective == "throughput":
-            return "tok/s"
-        return "conc" if self.load_kind == "concurrency" else "req/s"
+        """Capacity is the request throughput sustained at the highest load meeting the SLO (as the
+        operator's `sloCapacity`), for closed and open loops alike."""
+        return "tok/s" if self.objective == "throughput" else "req/s"
 
 
 def _space(mns: tuple[int, ...], gmu: tuple[int, ...], mbt: tuple[int | None, ...] = (None,)) -> SearchSpace:
@@ -142,7 +146,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         summary="short prompt, long generations on a small GPU",
         model=LLAMA8B, gpu="L4", input_len=256, output_len=1024, max_model_len=4096,
         slo=Slo({"p95_ttft_ms": 1500.0, "p95_itl_ms": 120.0}),
-        load_kind="concurrency",
+        load_kind="concurrency", measure_s=300.0,
         tags=("long-output",),
     ),
     Scenario(
@@ -150,7 +154,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         summary="long contexts on a 24 GB GPU: the KV cache binds, large batches preempt",
         model=LLAMA8B, gpu="L4", input_len=3000, output_len=1000, max_model_len=8192,
         slo=Slo({"p95_ttft_ms": 6000.0, "p95_itl_ms": 200.0}),
-        load_kind="concurrency",
+        load_kind="concurrency", measure_s=300.0,
         tags=("kv-bound", "long-output", "loose"), quick=True, expect_preemptions=True,
     ),
     Scenario(
@@ -159,7 +163,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         model=LLAMA70B, gpu="A100-80GB", tensor_parallel_size=2, input_len=6000, output_len=1500,
         max_model_len=16384,
         slo=Slo({"p95_ttft_ms": 8000.0, "p95_itl_ms": 150.0}),
-        load_kind="concurrency",
+        load_kind="concurrency", measure_s=300.0,
         tags=("kv-bound", "long-output", "tp2"), expect_preemptions=True,
     ),
     Scenario(
@@ -176,7 +180,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         summary="batch job: output tokens/s at 1024 concurrent requests, loose E2E limit",
         model=LLAMA8B, gpu="H100", input_len=1024, output_len=512,
         slo=Slo({"p99_e2el_ms": 120000.0}),
-        objective="throughput", load=Load("concurrency", 1024.0),
+        objective="throughput", load=Load("concurrency", 1024.0), measure_s=120.0,
         tags=("loose", "throughput-objective"),
     ),
     Scenario(
@@ -213,7 +217,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         summary="70B on two H100s, long outputs, loose SLO",
         model=LLAMA70B, gpu="H100", tensor_parallel_size=2, input_len=2000, output_len=800,
         max_model_len=16384,
-        slo=Slo({"p95_ttft_ms": 5000.0, "p95_itl_ms": 100.0}),
+        slo=Slo({"p95_ttft_ms": 5000.0, "p95_itl_ms": 100.0}), measure_s=180.0, expected_rate=2.0,
         tags=("loose", "long-output", "tp2"),
     ),
 )

@@ -37,8 +37,11 @@ class SyntheticTruth:
         return StartResult(True, self.startup_s)
 
     def measure(
-        self, scenario: object, knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float
+        self, scenario: object, knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
+        prompts: int | None = None,
     ) -> Reading:
+        if load.kind == "request_rate" and math.isinf(load.value):
+            load = Load("concurrency", float(prompts or 1000))  # everything at once: a full closed loop
         mbt = knobs.max_num_batched_tokens or 8192
         if knobs.gpu_memory_utilization_pct >= self.oom_gmu_pct and mbt >= self.oom_tokens:
             return Reading(load, failure="torch.OutOfMemoryError: CUDA out of memory.")

@@ -19,8 +19,12 @@ class GroundTruth(Protocol):
     def startup(self, scenario: "Scenario", knobs: Knobs) -> StartResult: ...
 
     def measure(
-        self, scenario: "Scenario", knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float
-    ) -> Reading: ...
+        self, scenario: "Scenario", knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
+        prompts: int | None = None,
+    ) -> Reading:
+        """One load step: a `duration_s` measured window, or with `prompts` a whole `vllm bench serve
+        --num-prompts N` run (metrics `duration`, `completed` as the bench reports them)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,8 @@ class CostModel:
 
     warmup_s: float = 30.0
     """Warm-up load before the first measured step after a server start (operator trials)."""
-    measure_s: float = 60.0
-    """One measured load step of an operator trial (the simulated window too)."""
     drain_s_cap: float = 120.0
     """A prompt-counted run (`vllm bench serve --num-prompts N`) ends when the last request finishes; cap the tail."""
-    sim_window_s: float = 60.0
-    """Simulated window used to read the metrics of a prompt-counted run."""
 
 
 @dataclass
@@ -94,7 +94,7 @@ class SimTestbed:
         return result
 
     def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = True) -> Reading:
-        """One load step on the running server. Operator-style steps (prompts=None) last `measure_s`
+        """One load step on the running server. Operator-style steps (prompts=None) last the scenario's `measure_s`
         after a one-off warm-up; prompt-counted steps last until the N-th request completes."""
         if self._running is None:
             raise RuntimeError("run_load needs a started server; call start() first and check its result")
@@ -103,13 +103,13 @@ class SimTestbed:
             self._warm = True
         self._calls += 1
         seed = derive_seed(self.seed, self.scenario.name, self._calls)
-        window = self.cost.measure_s if prompts is None else self.cost.sim_window_s
         reading = self.truth.measure(
-            self.scenario, self._running, load, duration_s=window, seed=seed, noise=self.noise
+            self.scenario, self._running, load, duration_s=self.scenario.measure_s, seed=seed, noise=self.noise,
+            prompts=prompts,
         )
         self.ledger.load_steps += 1
         if prompts is None:
-            seconds = self.cost.measure_s
+            seconds = self.scenario.measure_s
         else:
             seconds = prompt_run_seconds(reading, prompts, self.cost.drain_s_cap)
         self._charge(seconds)
@@ -121,7 +121,11 @@ class SimTestbed:
 
 
 def prompt_run_seconds(reading: Reading, prompts: int, drain_cap_s: float) -> float:
-    """Wall time of `--num-prompts N`: N requests at the achieved request rate, plus the last one's latency."""
+    """Wall time of `--num-prompts N`: the bench's own duration when it ran to the end, else N requests
+    at the achieved request rate plus the last one's latency."""
+    duration = reading.get("duration", math.nan)
+    if reading.ok and reading.get("completed", 0.0) >= prompts and duration > 0:
+        return duration
     rps = reading.get("request_throughput", 0.0)
     if not reading.ok or not rps > 0 or math.isnan(rps):
         return 30.0  # a failed run still cost the time to notice it

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.types import Choice, Knobs, Load, Testbed
 
-# `--request-rate inf`: all prompts at once; a closed loop this deep stands in for it.
-INF_RATE_CONCURRENCY = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -62,8 +60,7 @@ class AutoTune:
         """(request throughput, the request rate that met the limit) or None."""
         if not testbed.start(knobs).ok:
             return None
-        inf_load = Load("concurrency", float(min(INF_RATE_CONCURRENCY, self.inf_prompts)))
-        reading = testbed.run_load(inf_load, prompts=self.inf_prompts)
+        reading = testbed.run_load(Load("request_rate", math.inf), prompts=self.inf_prompts)
         if not reading.ok:
             return None
         throughput = reading.get("request_throughput", 0.0)

@@ -1,0 +1,68 @@
+"""A JSON cache of noise-free evaluations under ~/.cache/batchtune/bench, keyed by the scenario and
+the twin's source, so a second full run skips the oracle's thousands of simulations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from batchtune.bench.evaluate import JUDGE_WINDOW_S, Evaluation, Judge
+from batchtune.bench.types import Knobs, Load
+
+CACHE_VERSION = 1
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "batchtune" / "bench"
+
+
+def _twin_fingerprint() -> str:
+    import batchtune.bench.loadsearch as loadsearch
+    import batchtune.twin as twin
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(twin.__file__).parent.glob("*.py")) + [Path(loadsearch.__file__)]:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_key(judge: Judge) -> str:
+    text = f"{CACHE_VERSION}|{JUDGE_WINDOW_S}|{judge.window_s}|{judge.scenario!r}|{_twin_fingerprint()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def load_into(judge: Judge, directory: Path | None = None) -> int:
+    """Pre-fill the judge from the cache; returns how many evaluations were loaded."""
+    path = (directory or cache_dir()) / f"{judge.scenario.name}-{cache_key(judge)}.json"
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    for entry in entries:
+        knobs = Knobs(**entry["knobs"])
+        load = Load(entry["load"]["kind"], entry["load"]["value"]) if entry.get("load") else None
+        judge._cache.setdefault(knobs, Evaluation(knobs, entry["objective"], load, None, entry.get("failure")))
+    return len(entries)
+
+
+def save_from(judge: Judge, directory: Path | None = None) -> Path | None:
+    directory = directory or cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{judge.scenario.name}-{cache_key(judge)}.json"
+        entries = [
+            {"knobs": asdict(e.knobs), "objective": e.objective,
+             "load": {"kind": e.load.kind, "value": e.load.value} if e.load else None, "failure": e.failure}
+            for e in judge._cache.values()
+        ]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries))
+        tmp.replace(path)
+        return path
+    except OSError:
+        return None  # a cache that cannot be written only costs time

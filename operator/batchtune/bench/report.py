@@ -1,0 +1,107 @@
+"""Rendering a benchmark result: rich tables for the terminal, Markdown for docs, JSON for machines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from batchtune.bench.runner import (
+    BASELINE, GPU_MINUTES_RATIO_TARGET, RECHECK_REPEATS, REGRET_TARGET, BenchResult, ScenarioResult, StrategyRun,
+)
+
+
+def _ratio(result: ScenarioResult, run: StrategyRun) -> str:
+    base = next((r for r in result.runs if r.strategy == BASELINE), None)
+    if base is None or base.gpu_minutes <= 0:
+        return "-"
+    return f"{run.gpu_minutes / base.gpu_minutes:.2f}"
+
+
+def _recheck(run: StrategyRun) -> str:
+    if run.chosen is None:
+        return "none chosen"
+    head = "VIOLATES" if run.violates else "ok"
+    return f"{head} ({run.noisy_violations}/{RECHECK_REPEATS} noisy)"
+
+
+def detail_rows(result: BenchResult) -> list[list[str]]:
+    rows = []
+    for sc in result.scenarios:
+        for run in sc.runs:
+            rows.append([
+                sc.scenario, run.strategy, run.chosen or "-", f"{run.objective:.3g}",
+                f"{100 * run.regret:.1f}%", _recheck(run), str(run.trials), f"{run.gpu_minutes:.1f}", _ratio(sc, run),
+            ])
+    return rows
+
+
+DETAIL_HEADERS = ["scenario", "strategy", "chosen", "objective", "regret", "SLO re-check", "trials", "GPU-min",
+                  f"x {BASELINE}"]
+ORACLE_HEADERS = ["scenario", "objective", "oracle best", "value", "feasible/grid", "best gmu < max",
+                  "preempt/s at max batch"]
+SUMMARY_HEADERS = ["strategy", "mean regret", "max regret", f"regret <= {REGRET_TARGET:.0%}", "violating choices",
+                   f"median GPU-min x {BASELINE}", "total GPU-min", "mean trials"]
+
+
+def oracle_rows(result: BenchResult) -> list[list[str]]:
+    return [[
+        sc.scenario, sc.objective_unit, sc.oracle_setting, f"{sc.oracle_objective:.3g}",
+        f"{sc.oracle_feasible}/{sc.oracle_grid}", "yes" if sc.best_gmu_below_max else "no",
+        f"{sc.saturation_preemptions_per_s:.2f}",
+    ] for sc in result.scenarios]
+
+
+def summary_rows(result: BenchResult) -> list[list[str]]:
+    n = len(result.scenarios)
+    return [[
+        s.strategy, f"{100 * s.mean_regret:.1f}%", f"{100 * s.max_regret:.1f}%",
+        f"{s.scenarios_within_regret_target}/{n}", str(s.violating_choices),
+        "-" if s.median_gpu_minutes_ratio is None else f"{s.median_gpu_minutes_ratio:.2f}",
+        f"{s.total_gpu_minutes:.0f}", f"{s.mean_trials:.1f}",
+    ] for s in result.summary]
+
+
+def print_tables(result: BenchResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for title, headers, rows in (
+        ("Oracle (noise-free exhaustive grid)", ORACLE_HEADERS, oracle_rows(result)),
+        ("Strategies per scenario", DETAIL_HEADERS, detail_rows(result)),
+        (f"Summary (targets: regret <= {REGRET_TARGET:.0%} everywhere, no violating choice, "
+         f"median GPU-min <= {GPU_MINUTES_RATIO_TARGET:.0%} of {BASELINE})", SUMMARY_HEADERS, summary_rows(result)),
+    ):
+        table = Table(title=title, title_justify="left")
+        for header in headers:
+            table.add_column(header, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    for check in result.checks:
+        console.print(f"[red]Scenario check failed:[/red] {check}")
+    console.print(f"seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios in {result.seconds:.0f} s")
+
+
+def markdown(result: BenchResult) -> str:
+    def table(headers: list[str], rows: list[list[str]]) -> str:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+        return "\n".join(lines)
+
+    parts = [
+        "### Summary", table(SUMMARY_HEADERS, summary_rows(result)),
+        "### Oracle", table(ORACLE_HEADERS, oracle_rows(result)),
+        "### Per scenario", table(DETAIL_HEADERS, detail_rows(result)),
+    ]
+    if result.checks:
+        parts += ["### Scenario checks that failed", "\n".join(f"- {c}" for c in result.checks)]
+    parts.append(f"seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios, {result.seconds:.0f} s")
+    return "\n\n".join(parts) + "\n"
+
+
+def to_json(result: BenchResult) -> str:
+    data: dict[str, Any] = result.to_json()
+    data["baseline"] = BASELINE
+    data["targets"] = {"regret": REGRET_TARGET, "gpu_minutes_ratio": GPU_MINUTES_RATIO_TARGET}
+    return json.dumps(data, indent=2, default=str)

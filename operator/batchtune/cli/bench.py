@@ -1,0 +1,68 @@
+"""`batchtune bench tuning`: tuning quality and GPU cost of our strategies against the baselines."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_NOISE = 0.03
+"""Run-to-run measurement noise of the twin (relative, per metric family) the strategies face."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="benchmarks: tuning quality and cost against the baselines")
+    bench_sub = parser.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND")
+    tuning = bench_sub.add_parser(
+        "tuning",
+        help="regret, SLO violations, trials and GPU-minutes of each strategy on the twin's scenarios",
+        description="Run Adaptive, Bayesian and the baselines (vLLM auto_tune.sh, doubling, hill climbing, "
+                    "Optuna TPE) on each scenario against the twin, and judge their choices against an "
+                    "exhaustive noise-free oracle.",
+    )
+    tuning.add_argument("--quick", action="store_true", help="the quick subset of scenarios")
+    tuning.add_argument("-o", "--output", choices=("table", "json", "markdown"), default="table")
+    tuning.add_argument("--seed", type=int, default=0, help="seed of every noisy reading and strategy (default 0)")
+    tuning.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
+    tuning.add_argument("--noise", type=float, default=DEFAULT_NOISE, help=f"measurement noise (default {DEFAULT_NOISE})")
+    tuning.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
+    tuning.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse noise-free oracle results under ~/.cache/batchtune/bench (default on)")
+    tuning.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    tuning.set_defaults(func=_tuning)
+    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
+
+
+def _tuning(args: argparse.Namespace) -> int:
+    from batchtune.bench.report import markdown, print_tables, to_json
+    from batchtune.bench.runner import run_bench
+    from batchtune.bench.scenarios import get_scenarios
+    from batchtune.bench.twin_truth import TwinTruth
+
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    try:
+        scenarios = get_scenarios(names or None, quick=args.quick)
+    except ValueError as exc:
+        print(f"error: --scenarios: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for s in scenarios:
+            print(f"{s.name:32} {s.model} on {s.tensor_parallel_size}x {s.gpu}, {s.input_len}/{s.output_len} tokens, "
+                  f"{s.objective} ({s.objective_unit}), SLO {s.slo.label()}{' [quick]' if s.quick else ''}")
+        return 0
+    if not 0 <= args.noise < 1:
+        print(f"error: --noise {args.noise} must be in [0, 1)", file=sys.stderr)
+        return 2
+
+    def progress(result) -> None:
+        if args.output == "table":
+            print(f"Finished {result.scenario} in {result.seconds:.0f} s", file=sys.stderr)
+
+    result = run_bench(scenarios, TwinTruth, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
+                       use_cache=args.cache, progress=progress)
+    if args.output == "json":
+        print(to_json(result))
+    elif args.output == "markdown":
+        print(markdown(result))
+    else:
+        print_tables(result)
+    return 0

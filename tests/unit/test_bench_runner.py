@@ -1,0 +1,104 @@
+"""The testbed bills what a tuning run spends; a seed fixes every figure; the CLI is wired."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batchtune.bench.runner import run_bench, run_scenario, summarize
+from batchtune.bench.scenarios import Scenario, SearchSpace
+from batchtune.bench.synthetic import SyntheticTruth
+from batchtune.bench.testbed import CostModel, SimTestbed
+from batchtune.bench.types import Knobs, Load, Slo
+
+SMALL = Scenario(
+    name="small", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=512, output_len=128,
+    slo=Slo({"p95_ttft_ms": 500.0, "p95_itl_ms": 30.0}),
+    tuner_space=SearchSpace((8, 32, 128, 512), (90, 95, 98)),
+    oracle_space=SearchSpace((8, 16, 32, 64, 128, 256, 512), (88, 90, 92, 95, 97, 98)),
+)
+TP2 = Scenario(
+    name="tp2", summary="synthetic", model="Llama-3.1-70B", gpu="H100", input_len=512, output_len=128,
+    slo=Slo({"p95_ttft_ms": 500.0}), tensor_parallel_size=2, measure_s=90.0,
+)
+
+
+def test_testbed_bills_startup_warmup_and_each_step_on_every_gpu() -> None:
+    truth = SyntheticTruth(startup_s=100.0)
+    testbed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0))
+    assert testbed.start(Knobs(64, 90)).ok
+    testbed.run_load(Load("request_rate", 1.0))
+    testbed.run_load(Load("request_rate", 2.0))
+    ledger = testbed.ledger
+    assert (ledger.starts, ledger.load_steps) == (1, 2)
+    assert ledger.wall_seconds == pytest.approx(100 + 30 + 2 * 90)  # one warm-up per start
+    assert ledger.gpu_seconds == pytest.approx(2 * ledger.wall_seconds)
+
+
+def test_failed_starts_cost_their_time_and_leave_no_server() -> None:
+    testbed = SimTestbed(SMALL, SyntheticTruth(memory_gib=10.0), seed=1, noise=0.0)
+    result = testbed.start(Knobs(64, 50))
+    assert not result.ok and testbed.ledger.failed_starts == 1
+    assert testbed.ledger.wall_seconds == pytest.approx(result.seconds)
+    with pytest.raises(RuntimeError, match="start"):
+        testbed.run_load(Load("request_rate", 1.0))
+
+
+def test_a_runtime_oom_kills_the_server() -> None:
+    testbed = SimTestbed(SMALL, SyntheticTruth(), seed=1, noise=0.0)
+    assert testbed.start(Knobs(64, 98, 16384)).ok
+    assert not testbed.run_load(Load("request_rate", 1.0)).ok
+    assert testbed.running is None and testbed.ledger.runtime_failures == 1
+
+
+def test_noisy_readings_depend_on_the_seed_only() -> None:
+    def reading(seed: int) -> float:
+        testbed = SimTestbed(SMALL, SyntheticTruth(), seed=seed, noise=0.05)
+        testbed.start(Knobs(64, 90))
+        return testbed.run_load(Load("request_rate", 3.0)).get("p95_ttft_ms")
+
+    assert reading(7) == reading(7)
+    assert reading(7) != reading(8)
+
+
+def test_a_scenario_run_is_deterministic_for_a_seed() -> None:
+    first = run_scenario(SMALL, SyntheticTruth(), seed=11, noise=0.03)
+    again = run_scenario(SMALL, SyntheticTruth(), seed=11, noise=0.03)
+    strip = lambda r: [{k: v for k, v in run.__dict__.items()} for run in r.runs]  # noqa: E731
+    assert strip(first) == strip(again)
+    assert first.oracle_setting == again.oracle_setting
+
+
+def test_every_strategy_is_judged_against_an_oracle_at_least_as_good() -> None:
+    result = run_scenario(SMALL, SyntheticTruth(), seed=2, noise=0.03)
+    names = [r.strategy for r in result.runs]
+    assert names == ["adaptive", "bayesian", "auto_tune", "doubling", "hill_climb", "optuna_tpe"]
+    for run in result.runs:
+        assert 0.0 <= run.regret <= 1.0
+        assert run.objective <= result.oracle_objective * (1 + 1e-9)
+        assert run.gpu_minutes > 0 and run.trials >= 1
+    adaptive = next(r for r in result.runs if r.strategy == "adaptive")
+    tpe = next(r for r in result.runs if r.strategy == "optuna_tpe")
+    assert tpe.trials == adaptive.trials  # same budget as ours
+
+
+def test_summary_ratios_are_against_auto_tune() -> None:
+    bench = run_bench([SMALL], SyntheticTruth, seed=4, noise=0.03)
+    by_name = {s.strategy: s for s in bench.summary}
+    assert by_name["auto_tune"].median_gpu_minutes_ratio == pytest.approx(1.0)
+    sc = bench.scenarios[0]
+    base = next(r for r in sc.runs if r.strategy == "auto_tune").gpu_minutes
+    ours = next(r for r in sc.runs if r.strategy == "adaptive").gpu_minutes
+    assert by_name["adaptive"].median_gpu_minutes_ratio == pytest.approx(ours / base)
+    assert json.loads(json.dumps(bench.to_json()))["scenarios"][0]["scenario"] == "small"
+    assert summarize(bench.scenarios) == bench.summary
+
+
+def test_cli_lists_scenarios_and_rejects_unknown_names(capsys) -> None:
+    from batchtune.cli import main
+
+    assert main(["bench", "tuning", "--list", "--quick"]) == 0
+    assert "kvbound" in capsys.readouterr().out
+    assert main(["bench", "tuning", "--scenarios", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
