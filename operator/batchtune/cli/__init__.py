@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "batchtune.cli.plan",
     "batchtune.cli.twin",
     "batchtune.cli.loadgen",
+    "batchtune.cli.bench",
 ]
 
 
