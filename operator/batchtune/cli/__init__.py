@@ -18,6 +18,9 @@ COMMAND_MODULES = [
     "batchtune.cli.plan",
     "batchtune.cli.twin",
     "batchtune.cli.loadgen",
+    "batchtune.cli.status",
+    "batchtune.cli.report",
+    "batchtune.cli.recommend",
     "batchtune.cli.bench",
 ]
 

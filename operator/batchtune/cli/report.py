@@ -1,0 +1,115 @@
+"""`batchtune report NAME [--out DIR]`: the trial table and decision in the terminal, the three-curve
+image and the CSV/JSON as files.
+
+The files come from the operator's report ConfigMap `<name>-report`; while it is not written yet
+(the tuning is still running) they are drawn from the BatchTuning's status instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from batchtune.cli.status import add_common_arguments
+
+REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="print a BatchTuning's trial table and write its curves and CSV",
+                       description="Print the trial table and the decision, and write curves.png (GPU "
+                                   "utilization, throughput and latency against max-num-seqs), trials.csv "
+                                   "and trials.json into a folder.")
+    add_common_arguments(p)
+    p.add_argument("-o", "--out", type=Path, default=None,
+                   help="folder for the files (default ./NAME-report; created if missing)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from batchtune.cli import status as st
+    from batchtune.client import CliError, connect
+
+    try:
+        kube = connect(args.kubeconfig, args.context)
+        namespace = kube.namespace(args.namespace)
+        bt = kube.get_batchtuning(namespace, args.name)
+        stored = kube.get_report(namespace, args.name) or {}
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    files, source = report_files(bt, stored)
+    out_dir = args.out or Path(f"{args.name}-report")
+    try:
+        paths = write_files(out_dir, files)
+    except OSError as exc:
+        print(f"error: cannot write the report into {out_dir}: {exc}", file=sys.stderr)
+        return 1
+    console = st.console()
+    now = datetime.now(timezone.utc)
+    console.print(st.header(bt, now))
+    console.print()
+    console.print(st.trials_table(bt))
+    made = st.decision(bt)
+    if made.plain:
+        console.print()
+        console.print(made)
+    console.print()
+    console.print(f"Report ({source}):")
+    for path in paths:
+        console.print(f"  {path}")
+    return 0
+
+
+def report_files(bt: Mapping[str, Any], stored: Mapping[str, bytes]) -> tuple[dict[str, bytes], str]:
+    """The report's files and where they came from; what the ConfigMap lacks is drawn from status."""
+    files = {name: stored[name] for name in REPORT_FILES if name in stored}
+    if len(files) == len(REPORT_FILES):
+        return files, f"from ConfigMap {name_of(bt)}-report"
+    drawn = from_status(bt, missing=[n for n in REPORT_FILES if n not in files])
+    files.update(drawn)
+    source = "drawn from the BatchTuning's status; the operator has not written its report ConfigMap yet" \
+        if not stored else f"from ConfigMap {name_of(bt)}-report, {', '.join(sorted(drawn))} drawn from status"
+    return files, source
+
+
+def name_of(bt: Mapping[str, Any]) -> str:
+    return str((bt.get("metadata") or {}).get("name", ""))
+
+
+def from_status(bt: Mapping[str, Any], missing: list[str]) -> dict[str, bytes]:
+    from batchtune.controller import report
+
+    status = bt.get("status") or {}
+    trials = status.get("trials") or []
+    slo = (bt.get("spec") or {}).get("slo") or {}
+    out: dict[str, bytes] = {}
+    if "trials.csv" in missing:
+        out["trials.csv"] = report.trials_csv(trials).encode()
+    if "trials.json" in missing:
+        summary = {k: status.get(k) for k in ("phase", "bestTrial", "bestSetting", "knee", "recommendation")
+                   if status.get(k) is not None}
+        out["trials.json"] = report.trials_json(trials, summary).encode()
+    if "curves.png" in missing:
+        meta = bt.get("metadata") or {}
+        out["curves.png"] = report.curves_png(
+            trials, chosen=status.get("bestTrial"), knee_seqs=(status.get("knee") or {}).get("maxNumSeqs"),
+            slo=slo, percentile=str(slo.get("percentile") or "P95"),
+            title=f"{meta.get('namespace', '')}/{meta.get('name', '')}: target "
+                  f"{((bt.get('spec') or {}).get('targetRef') or {}).get('name', '')}")
+    return out
+
+
+def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in REPORT_FILES:
+        if name in files:
+            path = out_dir / name
+            path.write_bytes(files[name])
+            paths.append(path.resolve())
+    return paths

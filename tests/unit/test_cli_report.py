@@ -1,0 +1,94 @@
+"""`batchtune report`: files from the report ConfigMap, or drawn from status while it is missing."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+import cli_fakes
+from batchtune.cli import main
+from batchtune.cli import report as rp
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def api():
+    fake = cli_fakes.FakeApi()
+    yield fake
+    fake.close()
+
+
+def test_stored_files_are_used_as_they_are():
+    stored = {"curves.png": PNG_MAGIC + b"stored", "trials.csv": b"a\n", "trials.json": b"{}", "extra": b"x"}
+    files, source = rp.report_files(cli_fakes.succeeded(), stored)
+    assert files == {k: stored[k] for k in rp.REPORT_FILES}
+    assert source == "from ConfigMap llama-8b-report"
+
+
+def test_without_a_configmap_everything_is_drawn_from_status():
+    files, source = rp.report_files(cli_fakes.succeeded(), {})
+    assert "drawn from the BatchTuning's status" in source
+    assert files["curves.png"].startswith(PNG_MAGIC)
+    rows = list(csv.DictReader(io.StringIO(files["trials.csv"].decode())))
+    assert [r["maxNumSeqs"] for r in rows] == ["16", "32", "64", "128", "256", "512"]
+    assert rows[3]["outputThroughput"] == "2810.2" and rows[5]["state"] == "Infeasible"
+    summary = json.loads(files["trials.json"])["summary"]
+    assert summary["bestTrial"] == "llama-8b-trial-3" and summary["knee"]["maxNumSeqs"] == 128
+
+
+def test_a_partial_configmap_is_completed_from_status():
+    files, source = rp.report_files(cli_fakes.succeeded(), {"trials.csv": b"stored\n"})
+    assert files["trials.csv"] == b"stored\n"
+    assert files["curves.png"].startswith(PNG_MAGIC)
+    assert "curves.png, trials.json drawn from status" in source
+
+
+def test_report_of_a_tuning_without_trials_still_writes_files(tmp_path):
+    files, _ = rp.report_files(cli_fakes.fresh(), {})
+    assert files["trials.csv"].decode().startswith("name,maxNumSeqs")
+    paths = rp.write_files(tmp_path / "new" / "dir", files)
+    assert [p.name for p in paths] == list(rp.REPORT_FILES)
+
+
+def test_report_command_writes_the_configmap_files_and_prints_the_paths(api, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")
+    api.add_batchtuning(cli_fakes.succeeded())
+    png = PNG_MAGIC + bytes(range(256))  # binary that is not UTF-8
+    api.add_report("inference", "llama-8b", {"trials.csv": "name\nx\n", "trials.json": "{}"}, {"curves.png": png})
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    out_dir = tmp_path / "out"
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(out_dir)]) == 0
+    assert (out_dir / "curves.png").read_bytes() == png
+    assert (out_dir / "trials.csv").read_text() == "name\nx\n"
+    out = capsys.readouterr().out
+    assert "★ best" in out and "Decision: max-num-seqs 128" in out
+    assert str(out_dir / "curves.png") in out and "from ConfigMap llama-8b-report" in out
+
+
+def test_report_default_folder_is_named_after_the_tuning(api, tmp_path, monkeypatch, capsys):
+    api.add_batchtuning(cli_fakes.succeeded())
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig)]) == 0
+    assert (tmp_path / "llama-8b-report" / "curves.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_report_unwritable_folder(api, tmp_path, capsys):
+    api.add_batchtuning(cli_fakes.succeeded())
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(blocker / "sub")]) == 1
+    assert "cannot write the report into" in capsys.readouterr().err
+
+
+def test_report_unknown_name(api, tmp_path, capsys):
+    api.add_batchtuning(cli_fakes.succeeded())
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    assert main(["report", "nope", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "o")]) == 1
+    assert 'BatchTuning "nope" not found' in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
