@@ -8,7 +8,6 @@ disturb the cluster's own nodes. The metrics test uses the cluster's agent, whic
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import socket

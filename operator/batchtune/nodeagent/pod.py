@@ -174,6 +174,7 @@ class PodWorker:
         self.last_sent: dict[str, Any] | None = None
         self.terminal = False
         self.admission_error = ""
+        self._last_error = ""
         self.record: dict[str, Any] | None = None
         self.thread: threading.Thread | None = None
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -533,9 +534,12 @@ class PodWorker:
         if status != self.last_sent:
             try:
                 self.api.patch_status(pod["metadata"]["namespace"], pod["metadata"]["name"], status)
-            except Exception as exc:  # retried on the next tick
-                log.warning("Pod %s: status update failed: %s", self.key, exc)
+            except Exception as exc:  # retried on the next tick; logged once per distinct error
+                if str(exc) != self._last_error:
+                    log.warning("Pod %s: status update failed: %s", self.key, exc)
+                    self._last_error = str(exc)
                 return
+            self._last_error = ""
             if (self.last_sent or {}).get("phase") != status["phase"]:
                 log.info("Pod %s turned %s", self.key, status["phase"])
             self.last_sent = status
