@@ -137,3 +137,26 @@ def test_listening_ports_sees_a_loopback_listener():
 def test_free_ports_are_distinct():
     ports = processes.free_ports(7)
     assert len(set(ports)) == 7
+
+
+@pytest.mark.parametrize(("owned", "other_user_alive", "stops"), [
+    pytest.param(True, False, True, id="tests-started-last-user"),
+    pytest.param(True, True, False, id="tests-started-still-used"),
+    pytest.param(False, False, False, id="started-by-hand"),
+])
+def test_detach_stops_only_a_test_started_cluster_nobody_uses(tmp_path, monkeypatch, owned, other_user_alive, stops):
+    from batchtune.localcluster import cluster
+
+    stopped = []
+    monkeypatch.setattr(cluster, "down", lambda state, log: stopped.append(state))
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / str(os.getpid())).write_text(str(processes.start_ticks(os.getpid())))
+    # PID 1 stands in for another session; a wrong start time marks it dead.
+    ticks = processes.start_ticks(1) if other_user_alive else -5
+    (users / "1").write_text(str(ticks))
+    if owned:
+        (tmp_path / cluster.TEST_OWNED).write_text("0")
+    assert cluster.detach(tmp_path, log=lambda _: None) is stops
+    assert bool(stopped) is stops
+    assert not (users / str(os.getpid())).exists()

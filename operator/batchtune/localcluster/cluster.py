@@ -200,6 +200,8 @@ def _node_agent_available() -> bool:
 
 def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
     state = config.state_dir
+    # A fresh start belongs to whoever started it; `attach` marks it again if that is a test session.
+    (state / TEST_OWNED).unlink(missing_ok=True)
     pki_dir = state / "pki"
     logs = state / "logs"
     pki.ensure_pki(pki_dir, bins.openssl)
@@ -423,8 +425,8 @@ def down(state_dir: Path | None = None, log: Any = print, force: bool = False) -
         ours = {port for proc in info.processes for port in proc.ports}
         still = sorted(ours & processes.listening_ports())
         if not still:
-            (state / "cluster.json").unlink(missing_ok=True)
-            info.env_file.unlink(missing_ok=True)
+            for record in ("cluster.json", "env", TEST_OWNED):
+                (state / record).unlink(missing_ok=True)
         return still
 
 
