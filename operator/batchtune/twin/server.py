@@ -41,7 +41,7 @@ CHAT_TEMPLATE_TOKENS_FIXED = 3
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default, as OpenAI's legacy API
 NATURAL_LENGTH_RANGE = (64, 512)  # output length at which the twin "emits EOS" when ignore_eos is off
 MAX_LAG_S = 0.25  # past this much wall lag the step clock restarts instead of catching up
-SPIN_BEFORE_DEADLINE_S = 0.002  # epoll wakes up to 1 ms late; the last 2 ms are spent yielding
+SPIN_BEFORE_DEADLINE_S = 0.001  # epoll rounds timeouts up to 1 ms; the last ms is spent yielding
 
 log = logging.getLogger("batchtune.twin.server")
 
