@@ -531,6 +531,9 @@ class PodWorker:
         # Conditions owned by others (PodScheduled, DisruptionTarget, readiness gates) are kept.
         others = [c for c in api_conditions if c.get("type") != "PodScheduled"]
         status["conditions"] = status["conditions"] + others
+        if status["phase"] in ("Succeeded", "Failed") and not self.terminal:
+            # Free the GPUs before the scheduler can learn of the end and bind a new pod to them.
+            self.store.release_gpus(self.uid)
         if status != self.last_sent:
             try:
                 self.api.patch_status(pod["metadata"]["namespace"], pod["metadata"]["name"], status)
