@@ -237,6 +237,8 @@ def test_crashing_container_shows_crashloopbackoff(pool, kube, namespace, wait_f
     state = wait_for(backing_off, timeout=60, what="pod crash in CrashLoopBackOff")
     assert state.restart_count >= 1
     assert (state.last_state.terminated.exit_code, state.last_state.terminated.reason) == (3, "Error")
+    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=crash").items
+    assert {"Started", "BackOff"} <= {e.reason for e in events}
 
 
 def test_job_pod_completes_with_its_termination_message(pool, kube, namespace, wait_for):

@@ -22,6 +22,7 @@ class RecordingApi:
     def __init__(self) -> None:
         self.statuses: list[dict[str, Any]] = []
         self.deleted: list[str] = []
+        self.events: list[tuple[str, str, str]] = []
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses.append(status)
@@ -34,6 +35,9 @@ class RecordingApi:
 
     def secret(self, namespace: str, name: str):
         return None
+
+    def event(self, pod, container, kind, reason, message):
+        self.events.append((kind, reason, message))
 
     @property
     def last(self) -> dict[str, Any]:
@@ -142,6 +146,8 @@ def test_crashing_container_backs_off_with_crashloopbackoff(node):
     assert "back-off" in cs["state"]["waiting"]["message"]
     assert api.last["phase"] == "Running"
     drive(worker, lambda: container_status(api)["restartCount"] >= 3)
+    reasons = [reason for _, reason, _ in api.events]
+    assert reasons[0] == "Started" and "BackOff" in reasons
 
 
 def test_backoff_doubles_to_a_cap():
@@ -196,6 +202,8 @@ def test_liveness_failure_restarts_the_container(node):
     worker, api = node[2](pod)
     drive(worker, lambda: api.statuses and container_status(api)["restartCount"] >= 1)
     assert container_status(api)["lastState"]["terminated"]["exitCode"] == 143  # SIGTERM from the agent
+    assert ("Warning", "Unhealthy", "Liveness probe failed: ") in api.events
+    assert any(reason == "Killing" and "failed liveness probe" in message for _, reason, message in api.events)
 
 
 def test_restarted_agent_adopts_running_process_then_kills_it_on_delete(node):

@@ -188,6 +188,23 @@ class KubeApi:
         return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (body.get("data") or {}).items()}
 
 
+    def event(self, pod: Mapping[str, Any], container: str, kind: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        stamp = now_seconds()
+        container_list = "initContainers" if any(
+            c.get("name") == container for c in (pod.get("spec") or {}).get("initContainers") or []) else "containers"
+        self.core.create_namespaced_event(meta["namespace"], {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],
+                               "uid": meta["uid"], "fieldPath": f"spec.{container_list}{{{container}}}"},
+            "type": kind, "reason": reason, "message": message[:1024], "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "source": {"component": "kubelet", "host": (pod.get("spec") or {}).get("nodeName", "")},
+            "reportingComponent": "kubelet", "reportingInstance": (pod.get("spec") or {}).get("nodeName", ""),
+        }, _preload_content=False)
+
+
 class NodeAgent:
     def __init__(self, config: AgentConfig, api: KubeApi | None = None) -> None:
         self.config = config

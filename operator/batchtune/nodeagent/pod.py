@@ -59,6 +59,7 @@ class PodApi(Protocol):
     def delete_pod(self, namespace: str, name: str, uid: str) -> None: ...
     def config_map(self, namespace: str, name: str) -> Mapping[str, str] | None: ...
     def secret(self, namespace: str, name: str) -> Mapping[str, str] | None: ...
+    def event(self, pod: Mapping[str, Any], container: str, kind: str, reason: str, message: str) -> None: ...
 
 
 def backoff_s(crashes: int, time_scale: float) -> float:
@@ -369,10 +370,12 @@ class PodWorker:
             "pid": process.pid, "ticks": process.ticks, "startedAt": now, "containerID": c.container_id,
         })
         log.info("Pod %s: container %s started as pid %d: %s", self.key, c.name, process.pid, " ".join(argv))
+        self._event(c, "Normal", "Started", f"Started container {c.name}")
 
     def _waiting(self, c: ContainerRuntime, now: float, reason: str, message: str) -> None:
         if (c.waiting_reason, c.waiting_message) != (reason, message):
             log.warning("Pod %s: container %s is waiting (%s): %s", self.key, c.name, reason, message)
+            self._event(c, "Warning", "Failed", f"Error: {reason}: {message}")
         c.waiting_reason, c.waiting_message = reason, message
         c.next_start_at = now + CONFIG_RETRY_S
 
@@ -402,9 +405,13 @@ class PodWorker:
             if before != after:
                 log.info("Pod %s: container %s %s probe turned %s%s", self.key, c.name, kind.value,
                          "successful" if after else "failing", f" ({message})" if message else "")
+            if not ok and tracker.failures == 1:  # once per failing streak: events are API writes
+                self._event(c, "Warning", "Unhealthy", f"{kind.value.capitalize()} probe failed: {message}")
             if kind in (ProbeKind.STARTUP, ProbeKind.LIVENESS) and not ok and tracker.failed_out:
                 log.warning("Pod %s: container %s failed its %s probe %d times; killing it",
                             self.key, c.name, kind.value, tracker.failures)
+                self._event(c, "Normal", "Killing",
+                            f"Container {c.name} failed {kind.value} probe, will be restarted")
                 self._signal_stop(c, now, self._grace(c, probe=c.spec.get(f"{kind.value}Probe")))
                 return
 
@@ -453,6 +460,9 @@ class PodWorker:
             c.crashes += 1
             c.last_terminated, c.terminated, c.pending_restart = term, None, True
             c.next_start_at = now + backoff_s(c.crashes, self.settings.time_scale)
+            if c.next_start_at > now:
+                self._event(c, "Warning", "BackOff", f"Back-off restarting failed container {c.name} in pod "
+                            f"{self.pod['metadata']['name']}_{self.pod['metadata']['namespace']}({self.uid})")
         else:
             c.terminated = term
 
@@ -577,6 +587,7 @@ class PodWorker:
         for c in running:
             if c.stop_deadline is None:
                 log.info("Pod %s: container %s got SIGTERM (grace %gs)", self.key, c.name, self._grace())
+                self._event(c, "Normal", "Killing", f"Stopping container {c.name}")
             self._signal_stop(c, now, self._grace())
             code = c.process.poll() if c.process else None
             if code is not None:
@@ -603,6 +614,12 @@ class PodWorker:
         self.store.forget(self.uid)
         shutil.rmtree(self.pod_dir, ignore_errors=True)  # the working dir; logs stay
         self.done = True
+
+    def _event(self, c: ContainerRuntime, kind: str, reason: str, message: str) -> None:
+        try:
+            self.api.event(self.pod, c.name, kind, reason, message)
+        except Exception as exc:  # events are best effort, as in the kubelet
+            log.debug("Pod %s: event %s was not recorded: %s", self.key, reason, exc)
 
     # ---- what the metrics need -----------------------------------------------------------------
     def activity_file(self, container: str) -> str:
