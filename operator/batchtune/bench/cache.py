@@ -9,7 +9,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from batchtune.bench.evaluate import JUDGE_WINDOW_S, Evaluation, Judge
+from batchtune.bench.evaluate import Evaluation, Judge
 from batchtune.bench.types import Knobs, Load
 
 CACHE_VERSION = 1
@@ -32,7 +32,7 @@ def _twin_fingerprint() -> str:
 
 
 def cache_key(judge: Judge) -> str:
-    text = f"{CACHE_VERSION}|{JUDGE_WINDOW_S}|{judge.window_s}|{judge.scenario!r}|{_twin_fingerprint()}"
+    text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{_twin_fingerprint()}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

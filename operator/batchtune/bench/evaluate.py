@@ -12,9 +12,6 @@ from batchtune.bench.scenarios import Scenario
 from batchtune.bench.testbed import GroundTruth, derive_seed
 from batchtune.bench.types import Knobs, Load, Reading, Slo, Testbed
 
-# The shortest simulated window of a noise-free judgement: long enough for a queue to show past capacity.
-JUDGE_WINDOW_S = 60.0
-
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -38,14 +35,14 @@ class Judge:
     scenario: Scenario
     truth: GroundTruth
     window_s: float = 0.0
-    """0: the scenario's measured window, at least JUDGE_WINDOW_S."""
+    """0: the scenario's simulated window (what the trials see)."""
     _cache: dict[Knobs, Evaluation] = field(default_factory=dict)
     _shared: dict[tuple[int, int | None], Evaluation] = field(default_factory=dict)
     evaluations: int = 0
 
     def measure(self, knobs: Knobs, load: Load, *, seed: int = 0, noise: float = 0.0) -> Reading:
         self.evaluations += 1
-        window = self.window_s or max(JUDGE_WINDOW_S, self.scenario.measure_s)
+        window = self.window_s or self.scenario.window_s
         return self.truth.measure(self.scenario, knobs, load, duration_s=window, seed=seed, noise=noise)
 
     def objective(self, knobs: Knobs, *, hint: float | None = None) -> Evaluation:
@@ -105,7 +102,10 @@ class Judge:
             return Evaluation(knobs, 0.0, None, failures[0], failures[0].failure)
         if found.reading is None or found.load is None:
             return Evaluation(knobs, 0.0, None, found.reading)
-        # The operator's `sloCapacity`: request throughput sustained at the highest passing load.
+        if sc.load_kind == "request_rate":
+            # Open loop: the highest Poisson rate held (a windowed completion count undercounts long requests).
+            return Evaluation(knobs, found.load.value, found.load, found.reading)
+        # Closed loop: the request throughput sustained at the highest passing concurrency.
         return Evaluation(knobs, max(found.reading.get("request_throughput", 0.0), 0.0), found.load, found.reading)
 
     def holds(self, knobs: Knobs, load: Load, *, seed: int | None = None, noise: float = 0.0) -> bool:

@@ -3,7 +3,7 @@ strategies search."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchtune.bench.types import Knobs, Load, LoadKind, ObjectiveKind, Slo
 
@@ -80,6 +80,9 @@ class Scenario:
     )
     measure_s: float = 60.0
     """Measured window of one load step (`spec.trial.measureSeconds`); long generations need longer."""
+    sim_window_s: float | None = None
+    """Simulated length of a measured window; None: `measure_s`. `--quick` shortens it (billing keeps
+    `measure_s`), trading fidelity for speed."""
     expected_rate: float = 10.0
     """Open loop: the request rate (req/s) the user puts in `spec.load`, where the first load search starts."""
     default_gmu_pct: int = 90
@@ -98,6 +101,20 @@ class Scenario:
             raise ValueError(f"scenario {self.name}: a capacity objective searches the load; drop load={self.load}")
         if self.input_len < 1 or self.output_len < 1:
             raise ValueError(f"scenario {self.name}: input_len/output_len must be >= 1, got {self.input_len}/{self.output_len}")
+
+    @property
+    def window_s(self) -> float:
+        return self.sim_window_s or self.measure_s
+
+    def quick_variant(self) -> "Scenario":
+        """Cheaper to simulate: 20 s windows (enough turnovers for short outputs) and the oracle on the
+        tuners' grid plus the midpoints of max-num-seqs."""
+        seqs = sorted(set(self.tuner_space.max_num_seqs) | {
+            int(round((a * b) ** 0.5)) for a, b in zip(self.tuner_space.max_num_seqs, self.tuner_space.max_num_seqs[1:])
+        })
+        oracle = SearchSpace(tuple(seqs), self.tuner_space.gpu_memory_utilization_pct,
+                             self.tuner_space.max_num_batched_tokens)
+        return replace(self, sim_window_s=min(self.measure_s, 20.0), oracle_space=oracle)
 
     @property
     def gpus(self) -> int:
@@ -224,11 +241,13 @@ SCENARIOS: tuple[Scenario, ...] = (
 
 
 def get_scenarios(names: list[str] | None = None, *, quick: bool = False) -> list[Scenario]:
-    """Scenarios by name (in the given order), else all, else the quick subset."""
+    """Scenarios by name (in the given order), else all; `quick`: the quick subset (when no names are
+    given) at quick fidelity."""
     by_name = {s.name: s for s in SCENARIOS}
     if names:
         unknown = [n for n in names if n not in by_name]
         if unknown:
             raise ValueError(f"unknown scenario(s) {unknown}; known: {', '.join(by_name)}")
-        return [by_name[n] for n in names]
-    return [s for s in SCENARIOS if s.quick] if quick else list(SCENARIOS)
+        picked = [by_name[n] for n in names]
+        return [s.quick_variant() for s in picked] if quick else picked
+    return [s.quick_variant() for s in SCENARIOS if s.quick] if quick else list(SCENARIOS)

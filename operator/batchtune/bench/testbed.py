@@ -104,7 +104,7 @@ class SimTestbed:
         self._calls += 1
         seed = derive_seed(self.seed, self.scenario.name, self._calls)
         reading = self.truth.measure(
-            self.scenario, self._running, load, duration_s=self.scenario.measure_s, seed=seed, noise=self.noise,
+            self.scenario, self._running, load, duration_s=self.scenario.window_s, seed=seed, noise=self.noise,
             prompts=prompts,
         )
         self.ledger.load_steps += 1

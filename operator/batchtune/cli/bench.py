@@ -27,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tuning.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
     tuning.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse noise-free oracle results under ~/.cache/batchtune/bench (default on)")
+    tuning.add_argument("--save", metavar="PATH", help="also write the JSON result to PATH")
     tuning.add_argument("--list", action="store_true", help="list the scenarios and exit")
     tuning.set_defaults(func=_tuning)
     parser.set_defaults(func=lambda _args: parser.print_help() or 2)
@@ -59,6 +60,9 @@ def _tuning(args: argparse.Namespace) -> int:
 
     result = run_bench(scenarios, TwinTruth, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
                        use_cache=args.cache, progress=progress)
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as fh:
+            fh.write(to_json(result))
     if args.output == "json":
         print(to_json(result))
     elif args.output == "markdown":
