@@ -316,3 +316,13 @@ def test_restarted_agent_adopts_running_processes_and_kills_orphans(pool, kube, 
     assert after.status.phase == "Running" and _container_state(after).restart_count == 0
     kube.core.delete_namespaced_pod("keep", namespace)
     wait_for(lambda: not _alive(keep_pid), timeout=30, what=f"process {keep_pid} of pod keep ended")
+
+
+def test_kubectl_logs_reads_the_process_output(pool, kube, namespace, kubectl, wait_for):
+    _bare_pod(kube, namespace, "talker", pool.pod_spec(
+        ["sh", "-c", "echo first line; echo second line; sleep 3600"], gpus=0))
+    wait_for(lambda: kube.core.read_namespaced_pod("talker", namespace).status.phase == "Running",
+             timeout=60, what="pod talker Running")
+    out = wait_for(lambda: kubectl("logs", "-n", namespace, "talker", "--tail=1", check=False).stdout.strip(),
+                   timeout=20, what="kubectl logs talker")
+    assert out == "second line"

@@ -18,7 +18,7 @@ def test_node_manifest_has_gpus_labels_and_ready(tmp_path):
     assert labels["pool"] == "a"
     assert node["status"]["capacity"]["nvidia.com/gpu"] == "4" == node["status"]["allocatable"]["nvidia.com/gpu"]
     assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
-    assert node["status"]["addresses"][0] == {"type": "InternalIP", "address": "127.0.0.1"}
+    assert node["status"]["addresses"] == [{"type": "InternalIP", "address": "127.0.0.1"}]  # no DNS lookups
     assert node["spec"]["taints"] == [{"key": "pool", "value": "a", "effect": "NoSchedule"}]
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.36.3"
 
@@ -47,7 +47,7 @@ def test_cli_defaults_match_the_contract():
 
 def test_gpu_samples_map_reports_to_node_gpus(tmp_path):
     config = AgentConfig(kubeconfig=None, state_dir=tmp_path, nodes=1, gpus_per_node=4,
-                         metrics_address="127.0.0.1:0")
+                         metrics_address="127.0.0.1:0", kubelet_address="")
     agent = NodeAgent(config, api=object())  # no API calls in this path
     try:
         agent.store.admit("u0", "team", "other", "gpu-node-0", {"main": 1}, 4, 0.0)  # holds GPU 0, reports nothing

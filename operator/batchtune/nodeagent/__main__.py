@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="extra label on every node (repeatable)")
     parser.add_argument("--node-taint", action="append", default=[], metavar="KEY=VALUE:EFFECT",
                         help="taint on every node, e.g. batchtune.io/test=pool1:NoSchedule (repeatable)")
+    parser.add_argument("--kubelet-address", default="127.0.0.1:0",
+                        help="HOST:PORT of the TLS endpoint the API server dials for `kubectl logs` "
+                        "(port 0 picks one; empty turns it off)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product, metrics_address=args.metrics_address,
         image_map=args.image_map, time_scale=args.time_scale, node_prefix=args.node_prefix,
         pod_network=args.pod_network, cpu=args.cpu, memory=args.memory, max_pods=args.max_pods,
-        extra_labels=labels, taints=taints,
+        extra_labels=labels, taints=taints, kubelet_address=args.kubelet_address,
     )
     return NodeAgent(config).run()
 

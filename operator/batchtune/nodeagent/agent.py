@@ -17,6 +17,7 @@ from typing import Any
 
 from batchtune.gpu_activity import read_activity
 from batchtune.nodeagent.images import ImageMap, load_image_map
+from batchtune.nodeagent.logserver import LogServer, LogSource, ensure_certificate
 from batchtune.nodeagent.metrics import GpuHolder, GpuSample, MetricsServer, pick_activity
 from batchtune.nodeagent.pod import BASE_ENV_KEYS, NodeSettings, PodWorker
 from batchtune.nodeagent.process import ContainerProcess
@@ -47,6 +48,8 @@ class AgentConfig:
     max_pods: int = 110
     lease_duration_s: int = 40
     context: str | None = None
+    kubelet_address: str = "127.0.0.1:0"
+    """Where `kubectl logs` is served (TLS); port 0 picks one, "" turns it off."""
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
     """Node taints ({key, value, effect}); a test pool uses one to keep other pods off."""
@@ -70,7 +73,7 @@ def now_seconds() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def node_manifest(config: AgentConfig, name: str, kubelet_version: str) -> dict[str, Any]:
+def node_manifest(config: AgentConfig, name: str, kubelet_version: str, kubelet_port: int = 0) -> dict[str, Any]:
     """The Node object a kubelet would register, with GPUs as an extended resource."""
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -83,11 +86,11 @@ def node_manifest(config: AgentConfig, name: str, kubelet_version: str) -> dict[
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
         "spec": {"taints": [dict(t) for t in config.taints]} if config.taints else {},
-        "status": node_status(config, name, kubelet_version),
+        "status": node_status(config, name, kubelet_version, kubelet_port),
     }
 
 
-def node_status(config: AgentConfig, name: str, kubelet_version: str) -> dict[str, Any]:
+def node_status(config: AgentConfig, name: str, kubelet_version: str, kubelet_port: int = 0) -> dict[str, Any]:
     stamp = now_seconds()
 
     def cond(ctype: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
@@ -103,8 +106,9 @@ def node_status(config: AgentConfig, name: str, kubelet_version: str) -> dict[st
             cond("PIDPressure", False, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
             cond("Ready", True, "KubeletReady", "batchtune node agent is posting ready status"),
         ],
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        # No Hostname address: the API server would resolve the node name through DNS for `kubectl logs`.
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {
             "machineID": name, "systemUUID": name, "bootID": name, "kernelVersion": os.uname().release,
             "osImage": "batchtune node agent", "containerRuntimeVersion": "batchtune-local://0.1",
@@ -227,6 +231,13 @@ class NodeAgent:
             for node in config.node_names
         }
         self.metrics = MetricsServer(config.metrics_address, self.gpu_samples)
+        self.log_server: LogServer | None = None
+        if config.kubelet_address:
+            cert = ensure_certificate(Path(config.state_dir) / "kubelet-tls")
+            if cert is None:
+                log.warning("No openssl found: kubectl logs will not work")
+            else:
+                self.log_server = LogServer(config.kubelet_address, cert, self.find_log)
         self.threads: list[threading.Thread] = []
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -250,6 +261,9 @@ class NodeAgent:
             self.register_node(node)
         self.metrics.start()
         log.info("Metrics are served on http://%s/metrics", self.metrics.address)
+        if self.log_server is not None:
+            self.log_server.start()
+            log.info("Container logs are served on https://127.0.0.1:%d (kubectl logs)", self.log_server.port)
         resource_versions = {node: self.relist(node) for node in self.config.node_names}
         self.collect_orphans()
         self._spawn(self.heartbeat_loop, "heartbeat")
@@ -276,11 +290,14 @@ class NodeAgent:
             else:
                 worker.tick()
         self.metrics.stop()
+        if self.log_server is not None:
+            self.log_server.stop()
         log.info("Node agent stopped")
 
     # ---- nodes ---------------------------------------------------------------------------------
     def register_node(self, node: str) -> None:
-        manifest = node_manifest(self.config, node, self.kubelet_version)
+        manifest = node_manifest(self.config, node, self.kubelet_version,
+                                 self.log_server.port if self.log_server else 0)
         try:
             created = _body(self.api.core.create_node(manifest, _preload_content=False))
             log.info("Node %s was registered", node)
@@ -414,6 +431,25 @@ class NodeAgent:
                              record["namespace"], record["name"], container, process.pid)
                     process.signal(signal.SIGKILL)
             self.store.forget(uid)
+
+    # ---- logs --------------------------------------------------------------------------------------
+    def find_log(self, namespace: str, name: str, container: str, previous: bool) -> LogSource | None:
+        with self.workers_lock:
+            worker = next((w for w in self.workers.values()
+                           if not w.done and w.key == f"{namespace}/{name}"), None)
+        if worker is not None:
+            runtime = next((c for c in worker.init_containers + worker.containers if c.name == container), None)
+            if runtime is None:
+                return None
+            path = worker.log_dir / f"{container}.log"
+            if previous:
+                return LogSource(path, 0, runtime.log_offset, lambda: False)
+            return LogSource(path, runtime.log_offset, None,
+                             lambda: runtime.process is not None and not worker.done and not self.stop_event.is_set())
+        # A pod from before an agent restart: its whole log file.
+        for directory in (Path(self.config.state_dir) / "logs").glob(f"{namespace}_{name}_*"):
+            return LogSource(directory / f"{container}.log", 0, None, lambda: False)
+        return None
 
     # ---- metrics -------------------------------------------------------------------------------
     def gpu_samples(self) -> list[GpuSample]:
