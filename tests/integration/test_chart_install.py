@@ -1,0 +1,219 @@
+"""The Helm chart and manifests/ on the local cluster: install --wait, upgrade, RBAC per mode
+(checked with SubjectAccessReviews for the chart's ServiceAccount), and `kubectl apply` of manifests/.
+
+The local cluster's node agent runs pods as processes without service-account credentials, so the
+operator pod is given the cluster's `batchtune-operator` kubeconfig and that user is bound to the
+chart's own ClusterRole/Role: the operator runs with exactly the chart's rules, under another subject.
+The CRD comes from the session's `batchtuning_crd` fixture (crds.enabled=false): a CRD Helm did not
+create cannot be adopted by a release, and deleting the shared one would take every test's objects.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from batchtune import localcluster as lc
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "batchtune"
+OPERATOR_USER = "batchtune-operator"
+
+
+@pytest.fixture
+def helm(cluster: lc.ClusterInfo) -> Callable[..., subprocess.CompletedProcess[str]]:
+    binary = lc.binaries().helm
+
+    def run(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        argv = [str(binary), f"--kubeconfig={cluster.admin_kubeconfig}", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    return run
+
+
+@pytest.fixture
+def releases(helm, kubectl) -> Iterator[list[tuple[str, str]]]:
+    """(release, namespace) pairs a test installed; uninstalled (with the test's bindings) afterwards."""
+    installed: list[tuple[str, str]] = []
+    yield installed
+    for release, namespace in installed:
+        helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s", check=False)
+        kubectl("delete", "clusterrolebinding", f"{release}-as-test-user", "--ignore-not-found", check=False)
+
+
+def operator_env(cluster: lc.ClusterInfo) -> list[str]:
+    return ["--set", "operator.extraEnv[0].name=KUBECONFIG",
+            "--set", f"operator.extraEnv[0].value={cluster.operator_kubeconfig}",
+            "--set", "operator.tickSeconds=1"]
+
+
+def can_i(kube, verb: str, resource: str, namespace: str | None, sa: str) -> bool:
+    """A SubjectAccessReview for the ServiceAccount `sa` (system:serviceaccount:NS:NAME): allowed?
+
+    `resource` is `plural.group[/subresource]` (core: `plural`); namespace "*" means all namespaces,
+    None a cluster-scoped resource. The review names group and resource exactly: no discovery involved.
+    """
+    from kubernetes import client
+
+    name, _, subresource = resource.partition("/")
+    plural, _, group = name.partition(".")
+    sa_namespace = sa.split(":")[2]
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=sa, groups=["system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}", "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(
+            verb=verb, group=group, resource=plural, subresource=subresource or None,
+            namespace=None if namespace in (None, "*") else namespace)))
+    result = client.AuthorizationV1Api(kube.api).create_subject_access_review(review)
+    return bool(result.status.allowed)
+
+
+def operator_pod(kube, namespace: str, release: str) -> dict:
+    pods = kube.core.list_namespaced_pod(
+        namespace, label_selector=f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator").items
+    live = [p for p in pods if not p.metadata.deletion_timestamp]
+    assert len(live) == 1, [p.metadata.name for p in pods]
+    return kube.api.sanitize_for_serialization(live[0])
+
+
+def test_install_wait_upgrade_and_the_operator_reconciles_under_chart_rbac(
+        cluster, kube, kubectl, helm, releases, namespace, batchtuning_crd, wait_for):
+    release = f"bt-{secrets.token_hex(3)}"
+    # Bound before the install, so the operator has the chart's rules from its first request.
+    kubectl("create", "clusterrolebinding", f"{release}-as-test-user", f"--clusterrole={release}-batchtune",
+            f"--user={OPERATOR_USER}")
+    releases.append((release, namespace))
+    done = helm("install", release, str(CHART), "-n", namespace, "--set", "crds.enabled=false",
+                *operator_env(cluster), "--wait", "--timeout", "180s")
+    assert f"{release}-batchtune in namespace {namespace}" in done.stdout  # NOTES rendered
+    assert "watches BatchTunings in every namespace" in done.stdout
+    pod = operator_pod(kube, namespace, release)
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+    assert pod["spec"]["serviceAccountName"] == f"{release}-batchtune"
+
+    # The running operator acts on a BatchTuning with only the chart's rules.
+    kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", {
+        "apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning", "metadata": {"name": "no-target"},
+        "spec": {"targetRef": {"name": "does-not-exist"}, "searchSpace": {"maxNumSeqs": {"values": [8, 16]}},
+                 "slo": {"interTokenLatencyMilliseconds": 50},
+                 "prometheus": {"url": cluster.prometheus_url}}})
+
+    def waiting_for_target():
+        bt = kube.custom.get_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings",
+                                                      "no-target")
+        reasons = {c.get("reason") for c in (bt.get("status") or {}).get("conditions") or []}
+        return "TargetNotFound" in reasons
+
+    wait_for(waiting_for_target, timeout=60, what="the chart's operator to report TargetNotFound")
+    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=no-target").items
+    assert any(e.reason == "TargetNotFound" for e in events), [e.reason for e in events]
+    kube.custom.delete_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "no-target")
+    wait_for(lambda: not any(i["metadata"]["name"] == "no-target" for i in kube.custom.list_namespaced_custom_object(
+        "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"]), timeout=60,
+        what="the operator to remove its finalizer")
+
+    # Upgrade: a changed value rolls the operator (Recreate) and it comes back Ready.
+    done = helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
+                "operator.tickSeconds=3", "--wait", "--timeout", "180s")
+    status = json.loads(helm("status", release, "-n", namespace, "-o", "json").stdout)
+    assert status["version"] == 2 and status["info"]["status"] == "deployed"
+    pod = operator_pod(kube, namespace, release)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["BATCHTUNE_TICK_SECONDS"] == "3"
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+
+
+def test_cluster_wide_service_account_rights(kube, helm, releases, namespace, wait_for):
+    release = f"bt-{secrets.token_hex(3)}"
+    releases.append((release, namespace))
+    # Rights only: no operator pod needed, so no --wait.
+    helm("install", release, str(CHART), "-n", namespace, "--set", "crds.enabled=false", "--set",
+         "operator.extraArgs={--verbose}")
+    sa = f"system:serviceaccount:{namespace}:{release}-batchtune"
+    # The API server's RBAC cache takes a moment to see the new binding.
+    wait_for(lambda: can_i(kube, "patch", "batchtunings.batchtune.io/status", "default", sa), timeout=15,
+             what="the ClusterRoleBinding to take effect")
+    assert can_i(kube, "create", "deployments.apps", "kube-system", sa)
+    assert can_i(kube, "list", "nodes", None, sa)
+    assert can_i(kube, "watch", "customresourcedefinitions.apiextensions.k8s.io", None, sa)
+    assert not can_i(kube, "delete", "pods", "default", sa)
+    assert not can_i(kube, "list", "secrets", "default", sa)
+    assert not can_i(kube, "update", "deployments.apps", "default", sa)
+    assert not can_i(kube, "create", "clusterroles.rbac.authorization.k8s.io", None, sa)
+
+
+def test_namespaced_install_cannot_touch_other_namespaces(kube, helm, releases, namespace, wait_for):
+    from kubernetes import client
+
+    watched = f"{namespace}-w"[:63]
+    other = f"{namespace}-o"[:63]
+    for name in (watched, other):
+        kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+            name=name, labels={"batchtune.io/test": "true"})))
+    try:
+        release = f"bt-{secrets.token_hex(3)}"
+        releases.append((release, namespace))
+        helm("install", release, str(CHART), "-n", namespace, "--set", "crds.enabled=false",
+             "--set", f"watchNamespaces={{{watched}}}")
+        roles = kube.rbac.list_cluster_role(label_selector=f"app.kubernetes.io/instance={release}").items
+        assert roles == [], "a namespaced install created a ClusterRole"
+        sa = f"system:serviceaccount:{namespace}:{release}-batchtune"
+        wait_for(lambda: can_i(kube, "get", "batchtunings.batchtune.io", watched, sa), timeout=15,
+                 what="the RoleBinding to take effect")
+        for verb, resource in (("get", "batchtunings.batchtune.io"), ("patch", "batchtunings.batchtune.io/status"),
+                               ("create", "deployments.apps"), ("patch", "deployments.apps"),
+                               ("create", "jobs.batch"), ("list", "pods"), ("create", "events"),
+                               ("update", "configmaps"), ("get", "secrets")):
+            assert can_i(kube, verb, resource, watched, sa), f"{verb} {resource} in the watched namespace"
+            assert not can_i(kube, verb, resource, other, sa), f"{verb} {resource} in another namespace"
+            assert not can_i(kube, verb, resource, "default", sa), f"{verb} {resource} in default"
+        assert not can_i(kube, "list", "nodes", None, sa)
+        assert not can_i(kube, "list", "namespaces", None, sa)
+        assert not can_i(kube, "list", "batchtunings.batchtune.io", "*", sa)
+        args = kube.apps.read_namespaced_deployment(f"{release}-batchtune", namespace).spec.template.spec.containers[0].args
+        assert f"--namespace={watched}" in args
+    finally:
+        for name in (watched, other):
+            kube.core.delete_namespace(name)
+
+
+@pytest.mark.parametrize("manifest", ["install.yaml", "install-namespaced.yaml"])
+def test_kubectl_apply_of_the_manifests_is_accepted(kube, kubectl, batchtuning_crd, manifest, wait_for):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    # A server-side dry run creates nothing, so the namespace the objects go to must exist already.
+    outcome: dict[str, bool] = {}
+
+    def namespace_usable() -> bool:
+        try:
+            kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="batchtune-system")))
+            outcome["created"] = True
+            return True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        # It exists: usable unless a previous run is still deleting it.
+        return kube.core.read_namespace("batchtune-system").status.phase == "Active"
+
+    wait_for(namespace_usable, timeout=90, what="namespace batchtune-system to be usable")
+    try:
+        done = kubectl("apply", "--dry-run=server", "--server-side", "--force-conflicts",
+                       "-f", str(REPO / "manifests" / manifest))
+        out = done.stdout
+        for expected in ("customresourcedefinition.apiextensions.k8s.io/batchtunings.batchtune.io",
+                         "serviceaccount/batchtune", "deployment.apps/batchtune"):
+            assert expected in out, out
+        assert ("clusterrole.rbac.authorization.k8s.io/batchtune" in out) is (manifest == "install.yaml")
+    finally:
+        if outcome.get("created"):
+            kube.core.delete_namespace("batchtune-system")
