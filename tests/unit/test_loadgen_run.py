@@ -87,7 +87,7 @@ def test_refuses_non_loopback_target_without_dialing(tmp_path):
 
 
 def test_poisson_rate_and_duration_bound():
-    rate, duration, scale = 20.0, 10.0, 10.0
+    rate, duration, scale = 10.0, 10.0, 4.0
 
     async def go():
         cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)

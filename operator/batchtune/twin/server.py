@@ -527,8 +527,8 @@ class TwinServer:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
-        await resp.prepare(request)
         try:
+            await resp.prepare(request)
             await self._write_stream(resp, stream, fmt, include_usage, reason)
         except ConnectionResetError:  # the client went away mid-stream: the caller aborts the request
             pass
