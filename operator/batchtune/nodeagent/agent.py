@@ -308,7 +308,8 @@ class NodeAgent:
                 node, {"metadata": {"labels": manifest["metadata"]["labels"]}, "spec": manifest["spec"]},
                 _content_type=STRATEGIC,
                 _preload_content=False))
-            self.api.core.patch_node_status(node, {"status": manifest["status"]}, _content_type=STRATEGIC,
+            # A merge patch replaces the lists, so addresses/conditions of an older agent do not linger.
+            self.api.core.patch_node_status(node, {"status": manifest["status"]}, _content_type=MERGE,
                                             _preload_content=False)
             log.info("Node %s was re-registered", node)
         self.node_uids[node] = created["metadata"]["uid"]
