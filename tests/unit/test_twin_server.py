@@ -288,3 +288,27 @@ def test_server_and_model_agree():
     measured = asyncio.run(asyncio.wait_for(go(), timeout=60))
     for key in ("output_throughput", "request_throughput", "median_itl_ms"):
         assert measured[key] == pytest.approx(expected[key], rel=0.10), (key, measured[key], expected[key])
+
+
+def test_engine_death_ends_open_streams_and_fails_health():
+    async def go():
+        async with serving(time_scale=50.0) as (server, s):
+            real_step = server.engine.step
+            calls = {"n": 0}
+
+            def dying_step(now):
+                calls["n"] += 1
+                if calls["n"] > 3:
+                    raise RuntimeError("simulated engine crash")
+                return real_step(now)
+
+            server.engine.step = dying_step
+            body = {"prompt": "a b c", "max_tokens": 50, "stream": True, "ignore_eos": True}
+            async with s.post("/v1/completions", json=body) as resp:
+                events = await _sse_events(resp)
+            health = (await s.get("/health")).status
+            return events, health, server.failure
+
+    events, health, failure = run(go())
+    assert events[-1] == "[DONE]" and 1 <= len(events) - 1 < 50
+    assert health == 500 and "simulated engine crash" in str(failure)

@@ -299,6 +299,10 @@ class TwinServer:
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # the kernel OOM killer's signal: the parent sees 137
+        for stream in list(self._streams.values()):  # end the open responses instead of leaving them hanging
+            stream.done = True
+            stream.queue.put_nowait(True)
+        self._streams.clear()
         self.stopped.set()
 
     def _deliver(self, out: Any, sim_end: float) -> None:
@@ -544,16 +548,17 @@ class TwinServer:
         queue = stream.queue
         while not finished:
             finished = await queue.get()
-            count = 1
             while not finished and not queue.empty():  # a slow reader gets the backlog in one write
                 finished = queue.get_nowait()
-                count += 1
+            # Count tokens, not wake-ups: a dying engine wakes the stream without a token.
+            new_tokens = stream.generated - sent
             parts = []
-            for _ in range(count):
+            for _ in range(new_tokens):
                 is_last = finished and sent == stream.generated - 1
                 parts.append(fmt.token_chunk(sent, reason if is_last else None))
                 sent += 1
-            await resp.write(b"".join(parts))
+            if parts:
+                await resp.write(b"".join(parts))
         tail = []
         if include_usage:
             tail.append(fmt.usage_chunk(stream.prompt_tokens, stream.generated))
