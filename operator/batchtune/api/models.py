@@ -653,6 +653,31 @@ class TrialMetrics(_Status):
     """Output tokens per joule of GPU energy."""
 
 
+class LoadStepRecord(_Status):
+    """One load level."""
+
+    load: Annotated[int, Field(ge=1)]
+    """Closed-loop concurrency, or open-loop requests per minute."""
+    repeat: Annotated[int, Field(ge=0)] = 0
+    """Repeat in progress, from 0."""
+    attempt: Annotated[int, Field(ge=0)] = 0
+    """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
+    job: str | None = None
+    """Name of the current load-generator Job."""
+    results: list[dict[str, Any]] = Field(default_factory=list)
+    """Per-repeat measurements, kept until the step is closed."""
+    metrics: dict[str, Any] | None = None
+    """The step's metrics (worst case over repeats)."""
+    verdict: Verdict | None = None
+    """Met, Violated or Unknown against the SLO at this load."""
+    verdict_reason: str | None = None
+    """Why, target by target."""
+    margin: float | None = None
+    """Worst relative margin under the SLO limits (negative when exceeded)."""
+    cross_check: str | None = None
+    """Where Prometheus and the load generator's own numbers disagree."""
+
+
 class TrialRecord(_Status):
     """One trial: a setting, its progress and what it measured."""
 
@@ -680,6 +705,14 @@ class TrialRecord(_Status):
     """Met, Violated or Unknown against the SLO."""
     verdict_reason: str | None = None
     """Which target was violated or which data was missing."""
+    pod_ip: str | None = Field(default=None, alias="podIP")
+    """IP of the trial pod the load generator targets (Service routing is not assumed)."""
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """Port vLLM serves on in the trial pod."""
+    ready_at: datetime | None = None
+    """When the trial pod became ready."""
+    steps: list[LoadStepRecord] = Field(default_factory=list)
+    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
 
 
 class Baseline(_Status):
@@ -713,6 +746,58 @@ class Knee(_Status):
     """How the knee was found (marginal gain per doubling against the threshold)."""
 
 
+class EngineLimitsRecord(_Status):
+    """Engine limits read from production's args."""
+
+    max_model_len: Annotated[int, Field(ge=1)] | None = None
+    """--max-model-len, when set."""
+    chunked_prefill: bool | None = None
+    """Whether chunked prefill is on."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Production's --max-num-batched-tokens, when set."""
+
+
+class PlanRecord(_Status):
+    """What planning found (re-planning from spec and this is deterministic)."""
+
+    gpu_product: str | None = None
+    """The target's GPU (node label nvidia.com/gpu.product), when known."""
+    model: str | None = None
+    """The model production serves."""
+    served_model: str | None = None
+    """The model name requests use (--served-model-name or the model)."""
+    engine_limits: EngineLimitsRecord | None = None
+    """Engine limits read from production's args."""
+    candidates: Annotated[int, Field(ge=0)] | None = None
+    """Candidate settings after pruning."""
+    notes: Annotated[list[str], Field(max_length=20)] = Field(default_factory=list)
+    """Planning notes (e.g. why the memory prefilter was skipped)."""
+    started_at: datetime | None = None
+    """When planning finished and trials could start."""
+
+
+class WorkloadRecord(_Status):
+    """The workload derived from production's metrics (spec.load.fromProduction)."""
+
+    input_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Mean prompt tokens per request."""
+    output_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Mean generated tokens per request."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Production's request rate over the last hour."""
+    source: str | None = None
+    """Where the numbers came from."""
+
+
+class ContainerArgs(_Status):
+    """A container's command and args."""
+
+    command: list[str] | None = None
+    """The container's command."""
+    args: list[str] | None = None
+    """The container's args."""
+
+
 class Recommendation(_Status):
     """The chosen setting and ready-made ways to apply it."""
 
@@ -730,6 +815,10 @@ class Recommendation(_Status):
     """Helm values snippet, where the chart's layout is known."""
     replicas_hint: Annotated[int, Field(ge=1)] | None = None
     """Replicas that would serve production's current load at this setting."""
+    container_name: str | None = None
+    """The vLLM container the setting applies to."""
+    container: ContainerArgs | None = None
+    """The container's command and args with the setting applied."""
 
 
 class AppliedRecord(_Status):
@@ -739,7 +828,17 @@ class AppliedRecord(_Status):
     """Container arguments before the change (restored on rollback)."""
     new_args: list[str] = Field(default_factory=list)
     """Container arguments after the change."""
-    applied_at: datetime
+    previous: ContainerArgs | None = None
+    """The container's command and args before the change."""
+    new: ContainerArgs | None = None
+    """The container's command and args after the change."""
+    before: dict[str, Any] | None = None
+    """Production's metrics over a window before the change."""
+    after: dict[str, Any] | None = None
+    """Production's metrics over the verify window."""
+    rollout_completed_at: datetime | None = None
+    """When the patched Deployment finished rolling out (the verify window starts here)."""
+    applied_at: datetime | None = None
     """When production was patched."""
     verified_at: datetime | None = None
     """When the verify window passed without regression."""
@@ -774,8 +873,12 @@ class BatchTuningStatus(_Status):
     """Where more batching stopped paying."""
     recommendation: Recommendation | None = None
     """The chosen setting and ready patches."""
+    plan: PlanRecord | None = None
+    """What planning found (re-planning from spec and this is deterministic)."""
+    workload: WorkloadRecord | None = None
+    """The workload derived from production's metrics (spec.load.fromProduction)."""
     applied: AppliedRecord | None = None
-    """What was changed in production."""
+    """What was changed in production (written before the patch, so rollback is exact)."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""
