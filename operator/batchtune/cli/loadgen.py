@@ -102,7 +102,8 @@ def execute(spec: Any, *, result_file: str | None, termination_path: str | None,
 
     from batchtune.loadgen import TargetRefused, compact_summary, format_report, run_load_sync
 
-    termination = termination_path or os.environ.get(TERMINATION_ENV) or None
+    # A node agent standing in for the kubelet names where the container's message file really is.
+    termination = os.environ.get(TERMINATION_ENV) or termination_path or None
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
