@@ -15,7 +15,6 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "batchtune"
 TUNING_LABEL = "batchtune.io/tuning"
-TRIAL_LABEL = "batchtune.io/trial"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
@@ -77,7 +76,9 @@ def create_if_missing(obj: dict) -> bool:
 
 def list_owned(namespace: str, tuning: str) -> tuple[list[dict], list[dict]]:
     """Trial Deployments and load Jobs labelled as belonging to this BatchTuning."""
-    selector = f"{TUNING_LABEL}={tuning}"
+    from batchtune.core.manifests import label_value
+
+    selector = f"{TUNING_LABEL}={label_value(tuning)}"
     deployments = apps().list_namespaced_deployment(namespace, label_selector=selector).items
     jobs = batch().list_namespaced_job(namespace, label_selector=selector).items
     return [_sanitize(d) for d in deployments], [_sanitize(j) for j in jobs]
