@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "batchtune.cli.plan",
     "batchtune.cli.twin",
     "batchtune.cli.loadgen",
+    "batchtune.cli.operator",
     "batchtune.cli.status",
     "batchtune.cli.report",
     "batchtune.cli.recommend",
