@@ -258,19 +258,32 @@ class NodeAgent:
         except Exception as exc:  # only cosmetic: kubectl's VERSION column
             log.warning("Server version was not readable: %s", exc)
         for node in self.config.node_names:
-            self.register_node(node)
+            self._retry(lambda n=node: self.register_node(n), f"Node {node} registration")
         self.metrics.start()
         log.info("Metrics are served on http://%s/metrics", self.metrics.address)
         if self.log_server is not None:
             self.log_server.start()
             log.info("Container logs are served on https://127.0.0.1:%d (kubectl logs)", self.log_server.port)
-        resource_versions = {node: self.relist(node) for node in self.config.node_names}
+        resource_versions = {node: self._retry(lambda n=node: self.relist(n), f"Node {node} pod list")
+                             for node in self.config.node_names}
         self.collect_orphans()
         self._spawn(self.heartbeat_loop, "heartbeat")
         for node in self.config.node_names:
             self._spawn(lambda n=node: self.watch_loop(n, resource_versions[n]), f"watch-{node}")
         log.info("Node agent is running %d nodes x %d %s GPUs (state in %s)", self.config.nodes,
                  self.config.gpus_per_node, self.config.gpu_product, self.config.state_dir)
+
+    def _retry(self, call: Any, what: str, attempts: int = 30) -> Any:
+        """Start-up calls wait out an API server that is still coming up (1 s apart)."""
+        for attempt in range(attempts):
+            try:
+                return call()
+            except Exception as exc:
+                if attempt == attempts - 1 or self.stop_event.is_set():
+                    raise
+                log.warning("%s failed, retrying: %s", what, exc)
+                self.stop_event.wait(1.0)
+        raise AssertionError("unreachable")
 
     def _spawn(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -413,7 +426,11 @@ class NodeAgent:
                 return
             if self.stop_event.is_set():
                 return
-            worker = PodWorker(pod, self.settings[node], self.store, self.api)
+            try:
+                worker = PodWorker(pod, self.settings[node], self.store, self.api)
+            except Exception:  # one bad pod must not stall the watch of the whole node
+                log.exception("Pod %s/%s could not be set up", pod["metadata"]["namespace"], pod["metadata"]["name"])
+                return
             self.workers[uid] = worker
         log.info("Pod %s/%s was admitted on %s", pod["metadata"]["namespace"], pod["metadata"]["name"], node)
         worker.start()
