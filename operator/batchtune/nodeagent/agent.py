@@ -367,6 +367,10 @@ class NodeAgent:
                             log.warning("Node %s: re-registration failed: %s", node, again)
             if status_due:
                 last_status = time.monotonic()
+                try:
+                    self.collect_orphans(check_api=True)
+                except Exception as exc:
+                    log.warning("Orphan sweep failed: %s", exc)
 
     # ---- pods ----------------------------------------------------------------------------------
     def relist(self, node: str) -> str:
@@ -435,12 +439,18 @@ class NodeAgent:
         log.info("Pod %s/%s was admitted on %s", pod["metadata"]["namespace"], pod["metadata"]["name"], node)
         worker.start()
 
-    def collect_orphans(self) -> None:
-        """Kill processes recorded for pods that no longer exist (an agent restart missed their deletion)."""
+    def collect_orphans(self, check_api: bool = False) -> None:
+        """Kill processes and free allocations recorded for pods that no longer exist.
+
+        At start-up the fresh pod lists are the truth; later (`check_api`) a record without a
+        live worker is dropped only when the API confirms its pod is gone.
+        """
         with self.workers_lock:
-            live = set(self.workers)
+            live = {uid for uid, w in self.workers.items() if not w.done}
         for uid, record in self.store.pods().items():
             if uid in live:
+                continue
+            if check_api and self._pod_exists(record["namespace"], record["name"], uid):
                 continue
             for container, entry in record.get("processes", {}).items():
                 process = ContainerProcess.adopt(int(entry["pid"]), int(entry["ticks"]))
@@ -449,6 +459,15 @@ class NodeAgent:
                              record["namespace"], record["name"], container, process.pid)
                     process.signal(signal.SIGKILL)
             self.store.forget(uid)
+
+    def _pod_exists(self, namespace: str, name: str, uid: str) -> bool:
+        try:
+            body = _body(self.api.core.read_namespaced_pod(name, namespace, _preload_content=False))
+        except self.api.client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return bool(body["metadata"]["uid"] == uid)
 
     # ---- logs --------------------------------------------------------------------------------------
     def find_log(self, namespace: str, name: str, container: str, previous: bool) -> LogSource | None:
