@@ -61,3 +61,40 @@ def test_gpu_samples_map_reports_to_node_gpus(tmp_path):
         assert samples[0].holder.pod == "other" and samples[3].holder is None
     finally:
         agent.metrics.server.server_close()
+
+
+def test_sweep_kills_processes_of_pods_the_api_no_longer_has(tmp_path):
+    import json
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from kubernetes import client
+
+    from batchtune.nodeagent.process import start_ticks
+
+    class Core:
+        def read_namespaced_pod(self, name, namespace, **_):
+            if name == "gone":
+                raise client.ApiException(status=404)
+            return SimpleNamespace(data=json.dumps({"metadata": {"uid": "u-kept"}}).encode())
+
+    config = AgentConfig(kubeconfig=None, state_dir=tmp_path, nodes=1, metrics_address="127.0.0.1:0",
+                         kubelet_address="")
+    agent = NodeAgent(config, api=SimpleNamespace(client=client, core=Core()))
+    sleepers = {name: subprocess.Popen(["sleep", "60"], start_new_session=True) for name in ("gone", "kept")}
+    try:
+        for name, proc in sleepers.items():
+            agent.store.admit(f"u-{name}", "ns", name, "gpu-node-0", {"main": 1}, 8, 0.0)
+            agent.store.set_process(f"u-{name}", "main", {"pid": proc.pid, "ticks": start_ticks(proc.pid),
+                                                          "startedAt": 0.0})
+        agent.collect_orphans(check_api=True)
+        assert sleepers["gone"].wait(5) == -9
+        time.sleep(0.1)
+        assert sleepers["kept"].poll() is None
+        assert agent.store.pod("u-gone") is None and agent.store.pod("u-kept") is not None
+    finally:
+        for proc in sleepers.values():
+            proc.kill()
+            proc.wait()
+        agent.metrics.server.server_close()
