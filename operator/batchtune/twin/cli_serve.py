@@ -84,7 +84,10 @@ def split_twin_flags(argv: list[str]) -> tuple[TwinFlags, list[str]]:
     flags = TwinFlags(
         gpu=known.twin_gpu,
         time_scale=time_scale,
-        load_seconds=known.twin_load_seconds,
+        # A pod spec can shorten "model loading" for tests and demos without touching vLLM's argv.
+        load_seconds=known.twin_load_seconds if known.twin_load_seconds is not None
+        else (float(os.environ["BATCHTUNE_TWIN_LOAD_SECONDS"]) if os.environ.get("BATCHTUNE_TWIN_LOAD_SECONDS")
+              else None),
         seed=known.twin_seed,
         legacy_metrics=known.twin_legacy_metrics,
         activity_file=known.twin_activity_file or os.environ.get(ACTIVITY_ENV) or None,
