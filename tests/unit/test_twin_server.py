@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,7 +21,6 @@ from batchtune.twin.engine import Engine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.asynccontextmanager

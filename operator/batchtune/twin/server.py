@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 import os
 import signal
 import sys
@@ -43,7 +42,6 @@ NATURAL_LENGTH_RANGE = (64, 512)  # output length at which the twin "emits EOS" 
 MAX_LAG_S = 0.25  # past this much wall lag the step clock restarts instead of catching up
 SPIN_BEFORE_DEADLINE_S = 0.001  # epoll rounds timeouts up to 1 ms; the last ms is spent yielding
 
-log = logging.getLogger("batchtune.twin.server")
 
 
 @dataclass(frozen=True)
