@@ -43,7 +43,6 @@ MAX_LAG_S = 0.25  # past this much wall lag the step clock restarts instead of c
 SPIN_BEFORE_DEADLINE_S = 0.001  # epoll rounds timeouts up to 1 ms; the last ms is spent yielding
 
 
-
 @dataclass(frozen=True)
 class ServerOptions:
     """How the server runs (everything that is not the serving config itself)."""
