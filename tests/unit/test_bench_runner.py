@@ -99,6 +99,6 @@ def test_cli_lists_scenarios_and_rejects_unknown_names(capsys) -> None:
     from batchtune.cli import main
 
     assert main(["bench", "tuning", "--list", "--quick"]) == 0
-    assert "kvbound" in capsys.readouterr().out
+    assert "oom-8b-h100-bigbudget" in capsys.readouterr().out
     assert main(["bench", "tuning", "--scenarios", "nope"]) == 2
     assert "nope" in capsys.readouterr().err

@@ -149,7 +149,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         summary="chat with relaxed latency: capacity near saturation",
         model=LLAMA8B, gpu="H100", input_len=512, output_len=256,
         slo=Slo({"p95_ttft_ms": 2000.0, "p95_itl_ms": 80.0}),
-        tags=("loose",), quick=True,
+        tags=("loose",),
     ),
     Scenario(
         name="rag-8b-a100-e2el",
@@ -172,7 +172,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         model=LLAMA8B, gpu="L4", input_len=3000, output_len=1000, max_model_len=8192,
         slo=Slo({"p95_ttft_ms": 6000.0, "p95_itl_ms": 200.0}),
         load_kind="concurrency", measure_s=300.0,
-        tags=("kv-bound", "long-output", "loose"), quick=True, expect_preemptions=True,
+        tags=("kv-bound", "long-output", "loose"), expect_preemptions=True,
     ),
     Scenario(
         name="kvbound-70b-a100x2-longctx",

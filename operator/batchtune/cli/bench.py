@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 DEFAULT_NOISE = 0.03
@@ -24,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tuning.add_argument("--seed", type=int, default=0, help="seed of every noisy reading and strategy (default 0)")
     tuning.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     tuning.add_argument("--noise", type=float, default=DEFAULT_NOISE, help=f"measurement noise (default {DEFAULT_NOISE})")
-    tuning.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
+    tuning.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="scenarios run in parallel processes (default: up to 2)")
     tuning.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse noise-free oracle results under ~/.cache/batchtune/bench (default on)")
     tuning.add_argument("--save", metavar="PATH", help="also write the JSON result to PATH")
