@@ -423,3 +423,14 @@ def test_install_manifest_creates_its_namespace_first():
                        "metadata": {"name": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "batchtune"}}}
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] in ("Deployment", "ServiceAccount")} == \
         {NAMESPACE}
+
+
+def test_api_reference_is_generated_from_the_crd():
+    done = subprocess.run([sys.executable, str(REPO / "hack" / "gen-reference"), "--check"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    reference = (REPO / "docs" / "reference.md").read_text()
+    crd = yaml.safe_load((REPO / "crds" / "batchtune.io_batchtunings.yaml").read_text().split("\n---\n", 1)[-1])
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for field in spec:
+        assert f"`spec.{field}`" in reference, field

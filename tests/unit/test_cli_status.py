@@ -70,8 +70,10 @@ def test_succeeded_tuning_shows_trials_best_knee_decision_and_production():
     assert "★" not in rows["2"] + rows["4"]
     assert "2,810" in rows["3"] and "41.3" in rows["3"] and "95" in rows["3"]
     assert "Violated" in rows["4"] and "77.5" in rows["4"]
-    # A trial that never served shows dashes, never zeros, and says why.
-    assert "Infeasible" in rows["5"] and "KvCacheTooSmall" in rows["5"] and " 0 " not in rows["5"]
+    # A trial that never served shows dashes, never zeros, and says why under the table.
+    assert "Infeasible" in rows["5"] and " 0 " not in rows["5"]
+    assert "  #5 KvCacheTooSmall: ValueError: No available memory for the cache blocks." in out
+    assert "  #4 p95 ITL 77.5 ms > 50 ms" in out
     assert "ITL p95 ms" in out  # the column names the SLO's percentile
     assert "Decision: max-num-seqs 128, gpu-memory-utilization 90%" in out
     assert "why: highest output throughput" in out
@@ -94,6 +96,7 @@ def test_trialing_tuning_shows_progress_and_no_decision():
     assert "2/6 done, 1 running" in out
     assert "Measuring" in out
     assert "Decision" not in out and "best " not in out
+    assert "#2 " not in out  # a measuring trial has nothing to explain yet
 
 
 def test_failed_tuning_says_why_there_is_no_decision():
@@ -108,6 +111,20 @@ def test_new_tuning_without_status_points_at_the_operator():
     assert "(no trial yet)" in out
     assert "operator has not picked this BatchTuning up" in out
     assert "Conditions" not in out
+
+
+def test_recommended_tuning_says_production_is_untouched_and_how_to_apply():
+    bt = cli_fakes.succeeded()
+    bt["status"]["phase"] = "Recommended"
+    bt["status"].pop("applied")
+    out = text_of(st.decision(bt))
+    assert "not changed (Recommend mode); apply with `batchtune recommend llama-8b -o patch`" in out
+
+
+def test_piped_output_is_wide_enough_for_the_table(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False, raising=False)
+    assert st.console().width == 160
 
 
 def test_batched_tokens_and_capacity_columns_appear_only_when_used():

@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(st.header(bt, now))
     console.print()
     console.print(st.trials_table(bt))
+    notes = st.trial_notes(bt)
+    if notes.plain:
+        console.print(notes)
     made = st.decision(bt)
     if made.plain:
         console.print()

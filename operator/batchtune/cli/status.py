@@ -80,9 +80,13 @@ def watch(fetch: Any, bt: Mapping[str, Any], interval: float) -> int:
 
 
 def console() -> Any:
+    import os
+
     from rich.console import Console
 
-    return Console(highlight=False)
+    # Piped or in CI, rich would assume 80 columns and fold the trial table; logs are wide.
+    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(highlight=False, width=wide)
 
 
 # ---- pure rendering --------------------------------------------------------------------
@@ -170,7 +174,6 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     table.add_column("KV %", justify="right")
     if with_capacity:
         table.add_column("capacity", justify="right")
-    table.add_column("why", overflow="fold", max_width=70)
 
     for trial in trials:
         setting = trial.get("setting") or {}
@@ -192,11 +195,29 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
                 fmt(metrics.get("gpuUtilPercent")), fmt(metrics.get("kvCacheUsagePercent"))]
         if with_capacity:
             row.append(fmt(metrics.get("sloCapacity"), 1))
-        row.append(_why(trial))
         table.add_row(*row, style="bold" if best and trial.get("name") == best else None)
     if not trials:
         table.add_row(*(["", "", "(no trial yet)"] + [""] * (len(table.columns) - 3)))
     return table
+
+
+def trial_notes(bt: Mapping[str, Any]) -> Any:
+    """Why each trial ended as it did, one line per trial under the table (too long for a cell)."""
+    from rich.text import Text
+
+    status = bt.get("status") or {}
+    text = Text()
+    for trial in sorted(status.get("trials") or [], key=lambda t: t.get("index", 0)):
+        why = _why(trial)
+        if not why:
+            continue
+        if text.plain:
+            text.append("\n")
+        style = "green" if status.get("bestTrial") == trial.get("name") else (
+            "red" if trial.get("state") in ("Infeasible", "Failed") else "")
+        text.append(f"  #{trial.get('index', '?')} ", style="bold")
+        text.append(why, style=style)
+    return text
 
 
 def conditions_table(bt: Mapping[str, Any], now: datetime) -> Any:
@@ -294,7 +315,7 @@ def decision(bt: Mapping[str, Any]) -> Any:
             text.append(f", rolled back at {applied['rolledBackAt']}", style="red")
     elif phase == "Recommended":
         text.append("\n  production: ", style="bold")
-        text.append("not changed (Recommend mode); apply with `batchtune recommend NAME -o patch`")
+        text.append(f"not changed (Recommend mode); apply with `batchtune recommend {(bt.get('metadata') or {}).get('name', 'NAME')} -o patch`")
     return text
 
 
@@ -303,6 +324,9 @@ def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.text import Text
 
     parts: list[Any] = [header(bt, now), Text(""), trials_table(bt)]
+    notes = trial_notes(bt)
+    if notes.plain:
+        parts.append(notes)
     if (bt.get("status") or {}).get("conditions"):
         parts += [Text(""), conditions_table(bt, now)]
     made = decision(bt)
