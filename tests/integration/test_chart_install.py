@@ -217,3 +217,30 @@ def test_kubectl_apply_of_the_manifests_is_accepted(kube, kubectl, batchtuning_c
     finally:
         if outcome.get("created"):
             kube.core.delete_namespace("batchtune-system")
+
+
+def test_crd_lifecycle_keep_survives_uninstall(kube, kubectl, helm, releases, namespace, batchtuning_crd, wait_for):
+    """crds.enabled with crds.keep: the release adopts and upgrades the CRD, and uninstall leaves it."""
+    release = f"bt-{secrets.token_hex(3)}"
+    adopt = {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace}
+    # The session's CRD was applied by kubectl; these markers let this release adopt it instead of failing.
+    kubectl("label", "--overwrite", "crd", batchtuning_crd, "app.kubernetes.io/managed-by=Helm")
+    kubectl("annotate", "--overwrite", "crd", batchtuning_crd, *(f"{k}={v}" for k, v in adopt.items()))
+    try:
+        kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", {
+            "apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning", "metadata": {"name": "kept"},
+            "spec": {"targetRef": {"name": "x"}, "searchSpace": {"maxNumSeqs": {"values": [8]}},
+                     "slo": {"interTokenLatencyMilliseconds": 50}, "prometheus": {"url": "http://127.0.0.1:1"}}})
+        helm("install", release, str(CHART), "-n", namespace, "--set", "crds.enabled=true",
+             "--set", "operator.extraArgs={--namespace=nowhere}")
+        crd = kube.apiext.read_custom_resource_definition(batchtuning_crd)
+        assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
+        assert crd.metadata.labels["app.kubernetes.io/instance"] == release
+        helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
+        # Kept: the CRD and the BatchTunings stored under it.
+        assert kube.apiext.read_custom_resource_definition(batchtuning_crd).metadata.deletion_timestamp is None
+        kube.custom.get_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "kept")
+    finally:
+        kubectl("annotate", "crd", batchtuning_crd, *(f"{k}-" for k in adopt), "helm.sh/resource-policy-",
+                check=False)
+        kubectl("label", "crd", batchtuning_crd, "app.kubernetes.io/managed-by-", check=False)
