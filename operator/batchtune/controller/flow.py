@@ -197,6 +197,9 @@ class Reconcile:
             return None
         try:
             container = tuning.find_vllm_container(target, ref.container_name)
+        except tuning.UnsafeShell as exc:
+            self.fail("UnsupportedArgs", f"Deployment {self.ns}/{ref.name}: {exc}")
+            return None
         except tuning.ArgsError as exc:
             self.fail("NoVllmContainer", f"Deployment {self.ns}/{ref.name}: {exc}")
             return None

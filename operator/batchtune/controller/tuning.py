@@ -20,6 +20,7 @@ from batchtune.controller.loadsearch import LoadStep
 from batchtune.controller.prom import Prometheus
 
 ArgsError = core.ArgsError
+UnsafeShell = core.UnsafeShell
 GPU_RESOURCE = "nvidia.com/gpu"
 # Loadgen and Prometheus disagreeing by more than this (relative) is reported on the trial.
 CROSS_CHECK_TOLERANCE = 0.25
@@ -312,17 +313,30 @@ def measure_trial(prom: Prometheus, spec: BatchTuningSpec, namespace: str, pod: 
     return Measurement(values, [n for n in needed if values.get(n) is None])
 
 
+# vLLM's latency histograms are coarse (ITL buckets 10, 25, 50, 75 ms; e2e from 300 ms), so an
+# interpolated p95 can sit tens of percent off. The load generator's exact client-side percentiles
+# decide the SLO when it reported them; the histogram values stay beside them for the record.
+_CLIENT_LATENCIES = (("itlMs", "itl"), ("ttftMs", "ttft"), ("e2eMs", "e2el"))
+
+
 def step_result(measurement: Measurement, summary: Mapping[str, Any] | None, percentile: int) -> dict:
-    """One load run's metrics: Prometheus first, the load generator's own numbers as a cross-check."""
+    """One load run's metrics: Prometheus for rates and GPU signals, client-side latency percentiles."""
     values = {k: v for k, v in measurement.values.items() if v is not None}
     notes = []
     if summary:
         completed, failed = summary.get("completed") or 0, summary.get("failed") or 0
         if completed + failed > 0:
             values["errorRatePercent"] = 100.0 * failed / (completed + failed)
+        for ours, key in _CLIENT_LATENCIES:
+            client = summary.get(f"p{percentile}_{key}_ms")
+            if isinstance(client, (int, float)) and math.isfinite(client):
+                histogram = values.get(ours)
+                if histogram is not None:
+                    values[f"{ours[:-2]}HistogramMs"] = histogram
+                values[ours] = float(client)
         pairs = (("requestThroughput", "request_throughput"), ("outputThroughput", "output_throughput"),
-                 ("itlMs", f"p{percentile}_itl_ms"), ("ttftMs", f"p{percentile}_ttft_ms"),
-                 ("e2eMs", f"p{percentile}_e2el_ms"))
+                 ("itlHistogramMs", f"p{percentile}_itl_ms"), ("ttftHistogramMs", f"p{percentile}_ttft_ms"),
+                 ("e2eHistogramMs", f"p{percentile}_e2el_ms"))
         for ours, theirs in pairs:
             a, b = values.get(ours), summary.get(theirs)
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and max(a, b) > 0:

@@ -9,6 +9,7 @@
 
 from batchtune.core.args import (
     ArgsError,
+    UnsafeShell,
     VllmInvocation,
     canonical_flag,
     find_vllm_container,
@@ -61,7 +62,7 @@ from batchtune.core.slo import SloTargets, SloVerdict, evaluate_slo
 from batchtune.core.strategies import STRATEGIES, Adaptive, Bayesian, Grid, Strategy, make_strategy
 
 __all__ = [
-    "Adaptive", "ArgsError", "Bayesian", "CompletedTrial", "CurvePoint", "EngineLimits", "FitCheck",
+    "Adaptive", "ArgsError", "UnsafeShell", "Bayesian", "CompletedTrial", "CurvePoint", "EngineLimits", "FitCheck",
     "FitVerdict", "Grid", "History", "HistoryEntry", "KNEE_GAIN_PERCENT", "Knee", "LABEL_COMPONENT",
     "LABEL_MANAGED_BY", "LABEL_TRIAL", "LABEL_TUNING", "LabelNames", "LoadProfile", "MEMORY_REASONS",
     "MetricNames", "Objective", "Plan", "PrunedSetting", "REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH",

@@ -52,6 +52,10 @@ class ArgsError(ValueError):
         self.why = why
 
 
+class UnsafeShell(ArgsError):
+    """vLLM runs inside a shell string that cannot be rewritten safely (pipes, &&, $(...), ...)."""
+
+
 @dataclass
 class _Word:
     text: str
@@ -136,7 +140,7 @@ def _shell_words(script: str, container: str) -> list[_Word]:
     i, n = 0, len(script)
 
     def refuse(what: str) -> ArgsError:
-        return ArgsError(
+        return UnsafeShell(
             container,
             f"the shell command contains {what}, so the vLLM flags cannot be rewritten safely; "
             "run vLLM as a plain command (command/args lists) or as one simple shell command",
@@ -423,14 +427,19 @@ def find_vllm_container(pod_spec: Mapping[str, Any], name: str | None = None) ->
                 _parse(c)  # raises ArgsError naming why it is not vLLM
                 return c
         raise ArgsError(name, f"no such container in the pod template (containers: {', '.join(names) or 'none'})")
-    found, why = [], []
+    found, why, unsafe = [], [], []
     for c in containers:
         try:
             _parse(c)
+        except UnsafeShell as exc:
+            unsafe.append(exc)
+            continue
         except ArgsError as exc:
             why.append(str(exc))
             continue
         found.append(c)
+    if not found and len(unsafe) == 1:
+        raise unsafe[0]  # it is the vLLM container; say why it cannot be tuned, not that it is missing
     if len(found) == 1:
         return found[0]
     if not found:

@@ -1,0 +1,316 @@
+"""The operator end to end on the local cluster, with the twin standing in for vLLM on a GPU.
+
+Each test runs its own operator process (`batchtune operator -n <namespace>`) under the
+least-privilege identity the chart's RBAC grants, so a test can kill it without touching others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from batchtune.twin.config import ServeConfig
+from batchtune.twin.predict import Workload, predict
+
+from operator_env import (MODEL, PRODUCTION_ARGS, Operator, Traffic, batchtuning, condition, container_of,
+                          get_bt, grant_operator_rbac, production, wait_phase)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def operator_rbac(kubectl, batchtuning_crd):
+    grant_operator_rbac(kubectl)
+
+
+@pytest.fixture
+def operator(cluster, namespace, operator_rbac, tmp_path):
+    op = Operator(Path(cluster.operator_kubeconfig), namespace, tmp_path)
+    op.start()
+    yield op
+    op.stop()
+
+
+def apply(kube, obj: dict) -> None:
+    if obj["kind"] == "Deployment":
+        kube.apps.create_namespaced_deployment(obj["metadata"]["namespace"], obj)
+    else:
+        kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", obj["metadata"]["namespace"],
+                                                    "batchtunings", obj)
+
+
+def wait_ready(kube, namespace: str, name: str, wait_for) -> None:
+    def ready():
+        dep = kube.apps.read_namespaced_deployment(name, namespace)
+        return (dep.status.ready_replicas or 0) >= 1
+    wait_for(ready, timeout=90, what=f"Deployment {name} ready")
+
+
+def owned_objects(kube, namespace: str, name: str) -> list[str]:
+    selector = f"batchtune.io/tuning={name}"
+    deps = kube.apps.list_namespaced_deployment(namespace, label_selector=selector).items
+    jobs = kube.batch.list_namespaced_job(namespace, label_selector=selector).items
+    return [d.metadata.name for d in deps] + [j.metadata.name for j in jobs]
+
+
+def predicted_best(seqs: list[int], gmu: int, slo_itl: float, slo_e2e: float, headroom: int) -> dict[int, float]:
+    """SLO capacity (req/s) per max-num-seqs from `twin predict`, same search as the operator's."""
+    out = {}
+    for s in seqs:
+        cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=s, gpu_memory_utilization=gmu / 100,
+                          max_model_len=4096, quantization="fp8")
+        best = 0.0
+        for c in sorted({max(1, s // 2), s, 2 * s}):
+            p = predict(cfg, Workload(input_len=256, output_len=64, concurrency=c), 30)
+            if p.startup_error or p.runtime_error:
+                continue
+            m = p.metrics
+            limit = 1 - headroom / 100
+            if m["p95_itl_ms"] <= slo_itl * limit and m["p95_e2el_ms"] <= slo_e2e * limit:
+                best = max(best, m["request_throughput"])
+        out[s] = best
+    return out
+
+
+def test_auto_tunes_applies_and_verifies_production(kube, namespace, operator, prometheus_url, wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    before = container_of(kube, namespace, "llm")
+    generation_before = kube.apps.read_namespaced_deployment("llm", namespace).metadata.generation
+    traffic = Traffic(kube, namespace, "app=llm", rate=2)
+    traffic.start()
+    try:
+        apply(kube, batchtuning(namespace, prometheus_url))
+        bt = wait_phase(kube, namespace, "tune", {"Succeeded", "Failed", "RolledBack"}, 420, operator)
+    finally:
+        traffic.stop()
+    status = bt["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)[-3000:]
+    assert condition(bt, "Succeeded")["status"] == "True"
+    chosen = status["recommendation"]["setting"]["maxNumSeqs"]
+
+    # The choice agrees with the twin's own prediction over the same space: within 15% of the best.
+    capacity = predicted_best([8, 16, 32, 64], 95, 40, 4000, 10)
+    assert capacity[chosen] >= 0.85 * max(capacity.values()), (chosen, capacity)
+
+    # Production changed only in its tuned args, plus our annotations.
+    after = container_of(kube, namespace, "llm")
+    assert {k: v for k, v in after.items() if k != "args"} == {k: v for k, v in before.items() if k != "args"}
+    expected = list(PRODUCTION_ARGS)
+    expected[expected.index("--max-num-seqs") + 1] = str(chosen)
+    assert after["args"] == expected
+    dep = kube.apps.read_namespaced_deployment("llm", namespace)
+    assert dep.metadata.generation == generation_before + 1
+    assert json.loads(dep.metadata.annotations["batchtune.io/previous-args"]) == {"args": before["args"]}
+    assert status["applied"]["verifiedAt"]
+    assert owned_objects(kube, namespace, "tune") == []
+    report = kube.core.read_namespaced_config_map("tune-report", namespace)
+    assert "trials.csv" in report.data and "curves.png" in report.binary_data
+
+
+def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace, operator, prometheus_url,
+                                                                  wait_for):
+    apply(kube, production(namespace, "plain"))
+    apply(kube, production(namespace, "argo", labels={"argocd.argoproj.io/instance": "prod"}))
+    wait_ready(kube, namespace, "plain", wait_for)
+    wait_ready(kube, namespace, "argo", wait_for)
+    before = {n: kube.apps.read_namespaced_deployment(n, namespace) for n in ("plain", "argo")}
+    quick = dict(searchSpace={"maxNumSeqs": {"values": [16, 32]}, "gpuMemoryUtilizationPercent": [95]},
+                 strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 2},
+                 objective={"type": "OutputThroughput"}, load={"inputTokens": 256, "outputTokens": 64,
+                                                               "concurrency": 8})
+    apply(kube, batchtuning(namespace, prometheus_url, name="rec", target="plain", apply={"mode": "Recommend"},
+                            **quick))
+    apply(kube, batchtuning(namespace, prometheus_url, name="gitops", target="argo", **quick))
+    rec = wait_phase(kube, namespace, "rec", {"Recommended", "Failed", "Succeeded"}, 240, operator)
+    gitops = wait_phase(kube, namespace, "gitops", {"Recommended", "Failed", "Succeeded"}, 240, operator)
+    assert rec["status"]["phase"] == "Recommended", json.dumps(rec["status"], indent=1)[-3000:]
+    assert gitops["status"]["phase"] == "Recommended", json.dumps(gitops["status"], indent=1)[-3000:]
+    assert "Argo CD" in condition(gitops, "Succeeded")["message"]
+    for bt in (rec, gitops):
+        recommendation = bt["status"]["recommendation"]
+        assert json.loads(recommendation["jsonPatch"]) is not None
+        assert "kind: Deployment" in recommendation["kustomizePatch"]
+        assert "maxNumSeqs" in recommendation["helmValues"]
+    for name, dep in before.items():
+        now = kube.apps.read_namespaced_deployment(name, namespace)
+        assert now.metadata.generation == dep.metadata.generation
+        assert now.spec.template.spec.containers[0].args == dep.spec.template.spec.containers[0].args
+
+
+def test_infeasible_setting_is_classified_and_the_search_goes_on(kube, namespace, operator, prometheus_url,
+                                                                 wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    # gmu 99% boots (the memory prefilter keeps it) but runs out of memory under load.
+    apply(kube, batchtuning(namespace, prometheus_url,
+                            searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95, 99]},
+                            strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 2},
+                            objective={"type": "OutputThroughput"},
+                            load={"inputTokens": 256, "outputTokens": 64, "concurrency": 16},
+                            apply={"mode": "Recommend"}))
+    bt = wait_phase(kube, namespace, "tune", {"Recommended", "Failed"}, 240, operator)
+    trials = {t["setting"]["gpuMemoryUtilizationPercent"]: t for t in bt["status"].get("trials", [])}
+    assert set(trials) == {95, 99}, json.dumps(bt["status"], indent=1)[-3000:]
+    assert trials[99]["state"] == "Infeasible"
+    assert trials[99]["reason"] == "OOMKilled", trials[99]
+    assert "out of memory" in trials[99]["message"].lower()
+    assert trials[95]["state"] == "Done"
+    assert bt["status"]["phase"] == "Recommended"
+    assert bt["status"]["recommendation"]["setting"]["gpuMemoryUtilizationPercent"] == 95
+
+
+def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prometheus_url, cluster, wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    apply(kube, batchtuning(namespace, prometheus_url,
+                            searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
+                            strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
+                            objective={"type": "OutputThroughput"},
+                            load={"inputTokens": 256, "outputTokens": 64, "concurrency": 8},
+                            apply={"mode": "Recommend"}))
+    prom_pid = cluster.processes["prometheus"]
+
+    def load_running():
+        bt = get_bt(kube, namespace, "tune")
+        trials = (bt.get("status") or {}).get("trials") or []
+        return trials and any(s.get("job") for s in trials[0].get("steps") or [])
+    wait_for(load_running, timeout=120, interval=0.5, what="a load step started")
+    os.kill(prom_pid, signal.SIGSTOP)  # Prometheus stops answering and scraping
+    try:
+        degraded = wait_for(lambda: condition(get_bt(kube, namespace, "tune"), "Degraded").get("reason")
+                            == "PrometheusUnreachable", timeout=120, interval=1, what="Degraded condition")
+        assert degraded
+        bt = get_bt(kube, namespace, "tune")
+        trial = bt["status"]["trials"][0]
+        assert trial["state"] in ("Warming", "Measuring"), "a decision was taken while Prometheus was down"
+        assert not trial.get("verdict")
+    finally:
+        os.kill(prom_pid, signal.SIGCONT)
+    bt = wait_phase(kube, namespace, "tune", {"Recommended", "Failed"}, 240, operator)
+    assert bt["status"]["phase"] == "Recommended", json.dumps(bt["status"], indent=1)[-2000:]
+    assert condition(bt, "Degraded").get("status") == "False"
+    # Every recorded verdict rests on complete data: the step that lost its window was run again.
+    step = bt["status"]["trials"][0]["steps"][-1]
+    assert step["verdict"] == "Met" and step["metrics"]["outputThroughput"] > 0
+
+
+def test_operator_killed_repeatedly_finishes_without_duplicates(kube, namespace, operator, prometheus_url,
+                                                                 wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    created: dict[str, int] = {}
+    stop = threading.Event()
+
+    def watch_creations():
+        from kubernetes import watch
+        w = watch.Watch()
+        for event in w.stream(kube.apps.list_namespaced_deployment, namespace, timeout_seconds=600):
+            if event["type"] == "ADDED" and "-trial-" in event["object"].metadata.name:
+                created[event["object"].metadata.name] = created.get(event["object"].metadata.name, 0) + 1
+            if stop.is_set():
+                w.stop()
+    watcher = threading.Thread(target=watch_creations, daemon=True)
+    watcher.start()
+    apply(kube, batchtuning(namespace, prometheus_url, apply={"mode": "Recommend"}))
+    kills = 0
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        bt = get_bt(kube, namespace, "tune")
+        if (bt.get("status") or {}).get("phase") in ("Recommended", "Failed"):
+            break
+        time.sleep(7 + 3 * (kills % 3))
+        if kills < 6:
+            operator.kill()
+            kills += 1
+            operator.start()
+    stop.set()
+    bt = wait_phase(kube, namespace, "tune", {"Recommended", "Failed"}, 120, operator)
+    assert kills >= 5
+    status = bt["status"]
+    assert status["phase"] == "Recommended", json.dumps(status, indent=1)[-3000:]
+    names = [t["name"] for t in status["trials"]]
+    assert len(names) == len(set(names)) == status["trialsPlanned"]
+    assert all(count == 1 for count in created.values()), created
+    assert owned_objects(kube, namespace, "tune") == []
+    capacity = predicted_best([8, 16, 32, 64], 95, 40, 4000, 10)
+    assert capacity[status["recommendation"]["setting"]["maxNumSeqs"]] >= 0.85 * max(capacity.values())
+
+
+def test_failed_verify_rolls_back_to_the_exact_previous_args(kube, namespace, operator, prometheus_url, wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    before = container_of(kube, namespace, "llm")
+    apply(kube, batchtuning(namespace, prometheus_url,
+                            searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
+                            strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
+                            objective={"type": "OutputThroughput"},
+                            load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4},
+                            apply={"verifySeconds": 20, "cooldownSeconds": 0, "maxRegressionPercent": 50}))
+    wait_phase(kube, namespace, "tune", {"Verifying", "Failed", "Succeeded"}, 240, operator)
+    # Production degrades during verify: far more concurrent users than the setting can serve.
+    flood = Traffic(kube, namespace, "app=llm", rate=50, max_tokens=64, concurrency=80, deadline_s=180)
+    flood.start()
+    try:
+        bt = wait_phase(kube, namespace, "tune", {"RolledBack", "Succeeded", "Failed"}, 240, operator)
+    finally:
+        flood.stop()
+    assert bt["status"]["phase"] == "RolledBack", json.dumps(bt["status"], indent=1)[-2000:]
+    assert condition(bt, "Degraded")["status"] == "True"
+    after = container_of(kube, namespace, "llm")
+    assert after["args"] == before["args"]
+    assert "command" not in after
+    annotations = kube.apps.read_namespaced_deployment("llm", namespace).metadata.annotations or {}
+    assert "batchtune.io/previous-args" not in annotations
+
+
+def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace, operator, prometheus_url,
+                                                               wait_for):
+    apply(kube, production(namespace, "good"))
+    apply(kube, production(namespace, "shell", command=["sh", "-c"],
+                           args=[f"vllm serve {MODEL} --max-num-seqs 8 && echo done"]))
+    no_vllm = production(namespace, "novllm")
+    no_vllm["spec"]["template"]["spec"]["containers"][0]["args"] = ["nginx", "-g", "daemon off;"]
+    no_vllm["spec"]["template"]["spec"]["containers"][0]["image"] = "nginx:1.27"
+    apply(kube, no_vllm)
+    wait_ready(kube, namespace, "good", wait_for)
+    quick = dict(searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
+                 strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
+                 objective={"type": "OutputThroughput"},
+                 load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, apply={"mode": "Recommend"})
+    cases = {
+        "missing": dict(target="nope", **quick),
+        "novllm": dict(target="novllm", **quick),
+        "shell": dict(target="shell", **quick),
+        "noprom": dict(target="good", **{**quick}),
+        "empty": dict(target="good", **{**quick, "searchSpace": {"maxNumSeqs": {"values": [64]},
+                                                                 "gpuMemoryUtilizationPercent": [95],
+                                                                 "maxNumBatchedTokens": [32]}}),
+        "impossible": dict(target="good", **{**quick, "slo": {"interTokenLatencyMilliseconds": 1}}),
+        "fine": dict(target="good", **quick),
+    }
+    for name, kwargs in cases.items():
+        url = "http://127.0.0.1:9" if name == "noprom" else prometheus_url
+        apply(kube, batchtuning(namespace, url, name=name, **kwargs))
+
+    def reason(name: str, type_: str) -> str:
+        return condition(get_bt(kube, namespace, name), type_).get("reason", "")
+    wait_for(lambda: reason("missing", "Progressing") == "TargetNotFound", timeout=60, what="TargetNotFound")
+    wait_for(lambda: reason("novllm", "Failed") == "NoVllmContainer", timeout=60, what="NoVllmContainer")
+    wait_for(lambda: reason("shell", "Failed") == "UnsupportedArgs", timeout=60, what="UnsupportedArgs")
+    wait_for(lambda: reason("noprom", "Degraded") == "PrometheusUnreachable", timeout=90, what="PrometheusUnreachable")
+    wait_for(lambda: reason("empty", "Failed") == "EmptySearchSpace", timeout=60, what="EmptySearchSpace")
+    assert "nope" in condition(get_bt(kube, namespace, "missing"), "Progressing")["message"]
+    assert "spec.prometheus.url" in condition(get_bt(kube, namespace, "noprom"), "Degraded")["message"]
+    assert "&&" in condition(get_bt(kube, namespace, "shell"), "Failed")["message"]
+    fine = wait_phase(kube, namespace, "fine", {"Recommended", "Failed"}, 240, operator)
+    assert fine["status"]["phase"] == "Recommended", json.dumps(fine["status"], indent=1)[-3000:]
+    impossible = wait_phase(kube, namespace, "impossible", {"Failed", "Recommended"}, 240, operator)
+    assert condition(impossible, "Failed")["reason"] == "NoFeasibleSetting"
+    assert "spec.slo" in condition(impossible, "Failed")["message"]
