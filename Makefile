@@ -1,9 +1,9 @@
-# The two commands a newcomer needs are `make demo` (later) and `make test`.
+# The two commands a newcomer needs are `make demo` and `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup venv binaries test test-unit test-integration cluster-up cluster-down clean
+.PHONY: setup venv binaries demo test test-unit test-integration cluster-up cluster-down clean
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,10 @@ binaries:
 	hack/localcluster/build
 
 setup: venv binaries
+
+# Build, start the local cluster, install the chart, tune a twin-backed vLLM Deployment, report.
+demo: setup
+	hack/demo/run
 
 # All tiers: unit tests, then integration tests on the local cluster (started if not running).
 test: setup
