@@ -192,6 +192,33 @@ class KubeApi:
         return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (body.get("data") or {}).items()}
 
 
+    def service_account_kubeconfig(self, pod: Mapping[str, Any]) -> str | None:
+        """A kubeconfig with a pod-bound token of the pod's ServiceAccount, as the kubelet's projected
+        token mount gives a real pod; None when the pod opts out or the token cannot be had."""
+        spec, meta = pod.get("spec") or {}, pod["metadata"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        account = spec.get("serviceAccountName") or "default"
+        request = {"spec": {"expirationSeconds": 86400,
+                            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"],
+                                               "uid": meta.get("uid")}}}
+        try:
+            body = _body(self.core.create_namespaced_service_account_token(
+                account, meta["namespace"], request, _preload_content=False))
+        except self.client.ApiException:
+            return None
+        cfg = self.api_client.configuration
+        cluster = {"server": cfg.host}
+        if cfg.ssl_ca_cert:
+            cluster["certificate-authority"] = cfg.ssl_ca_cert
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "local", "cluster": cluster}],
+            "users": [{"name": account, "user": {"token": body["status"]["token"]}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "local", "user": account,
+                                                     "namespace": meta["namespace"]}}],
+        })
+
     def event(self, pod: Mapping[str, Any], container: str, kind: str, reason: str, message: str) -> None:
         meta = pod["metadata"]
         stamp = now_seconds()

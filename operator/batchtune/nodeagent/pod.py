@@ -502,6 +502,15 @@ class PodWorker:
             "BATCHTUNE_TIME_SCALE": repr(self.settings.time_scale),
             "BATCHTUNE_TERMINATION_MESSAGE_PATH": str(files / f"{c.name}.termination-log"),
         })
+        if "KUBECONFIG" not in env:
+            # No in-cluster mount here: the pod's ServiceAccount identity comes as a kubeconfig file.
+            kubeconfig = getattr(self.api, "service_account_kubeconfig", lambda _pod: None)(pod)
+            if kubeconfig:
+                path = files / "kubeconfig"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(kubeconfig)
+                path.chmod(0o600)
+                env["KUBECONFIG"] = str(path)
         if gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
         else:
