@@ -54,8 +54,12 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
         by_gmu.setdefault((s.get("gpuMemoryUtilizationPercent"), s.get("maxNumBatchedTokens")), []).append(t)
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), constrained_layout=True)
+    # DCGM's GPU_UTIL reads ~100% whenever any kernel runs; SM active shows the batching curve.
+    has_sm = any((t["metrics"] or {}).get("smActivePercent") is not None for t in done)
+    util_key, util_label = (("smActivePercent", "SM active (%, DCGM PROF_SM_ACTIVE)") if has_sm
+                            else ("gpuUtilPercent", "GPU utilization (%, DCGM GPU_UTIL)"))
     panels = [
-        (axes[0], "gpuUtilPercent", "GPU utilization (%)", "GPU utilization"),
+        (axes[0], util_key, util_label, "GPU utilization"),
         (axes[1], "outputThroughput", "output throughput (tokens/s)", "Throughput"),
     ]
     for (gmu, mbt), group in sorted(by_gmu.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] or 0)):
@@ -81,18 +85,31 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
         target = slo.get(slo_field)
         if target:
             axes[2].axhline(target, linestyle="--", linewidth=1, color="grey")
-            axes[2].annotate(f"{name} SLO {target} ms", (0.01, target), xycoords=("axes fraction", "data"),
-                             fontsize=8, color="grey", va="bottom")
+            axes[2].annotate(f"{name} SLO {target} ms", (0.99, target), xycoords=("axes fraction", "data"),
+                             fontsize=8, color="grey", va="bottom", ha="right")
     chosen_trial = next((t for t in done if t.get("name") == chosen), None)
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    seqs = sorted({t["setting"]["maxNumSeqs"] for t in done})
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("max-num-seqs (log2 scale)")
+        if seqs:
+            ax.xaxis.set_major_locator(FixedLocator(seqs))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("--max-num-seqs (log scale)")
         ax.grid(True, alpha=0.3)
-        if knee_seqs:
-            ax.axvline(knee_seqs, color="tab:orange", linestyle=":", linewidth=1.5, label="knee")
         if chosen_trial:
-            ax.axvline(chosen_trial["setting"]["maxNumSeqs"], color="tab:green", linewidth=2, alpha=0.6,
-                       label="chosen")
+            ax.axvline(chosen_trial["setting"]["maxNumSeqs"], color="tab:green", linewidth=6, alpha=0.25,
+                       label=f"chosen ({chosen_trial['setting']['maxNumSeqs']})")
+        if knee_seqs:
+            ax.axvline(knee_seqs, color="tab:orange", linestyle=":", linewidth=2, zorder=5,
+                       label=f"knee ({knee_seqs})")
+    if chosen_trial:
+        x, metrics = chosen_trial["setting"]["maxNumSeqs"], chosen_trial["metrics"]
+        for ax, key in ((axes[0], util_key), (axes[1], "outputThroughput")):
+            if metrics.get(key) is not None:
+                ax.plot([x], [metrics[key]], marker="*", markersize=16, color="tab:green", zorder=6)
     handles, labels = axes[2].get_legend_handles_labels()
     axes[2].legend(handles, labels, fontsize=7, loc="best")
     axes[0].legend(fontsize=8, loc="lower right")
