@@ -10,6 +10,7 @@ TUNING_DURATION = Histogram(
     buckets=(60, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400),
 )
 PROMETHEUS_ERRORS = Counter("batchtune_prometheus_query_errors_total", "Prometheus queries that failed.")
+PROMETHEUS_QUERIES = Counter("batchtune_prometheus_queries_total", "Prometheus queries sent (including failed ones).")
 RECONCILE_SECONDS = Histogram("batchtune_reconcile_seconds", "Time spent in one reconcile step.",
                               buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
 ROLLBACKS = Counter("batchtune_rollbacks_total", "Production rollbacks after a failed verify.")

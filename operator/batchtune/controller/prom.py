@@ -11,6 +11,8 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 import requests
 
+from batchtune.controller import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -65,6 +67,7 @@ class Prometheus:
     def _query(self, promql: str, at: float | None) -> list[dict]:
         # No sleeping retries here: the reconcile loop retries on its next tick with back-off.
         params = {"time": f"{at:.3f}"} if at is not None else None
+        metrics.PROMETHEUS_QUERIES.inc()
         try:
             return self._conn.custom_query(promql, params=params, timeout=self.timeout_s)
         except (requests.RequestException, PrometheusApiClientException, ValueError) as exc:
