@@ -37,16 +37,21 @@ def detail_rows(result: BenchResult) -> list[list[str]]:
 
 DETAIL_HEADERS = ["scenario", "strategy", "chosen", "objective", "regret", "SLO re-check", "trials", "GPU-min",
                   f"x {BASELINE}"]
-ORACLE_HEADERS = ["scenario", "objective", "oracle best", "value", "feasible/grid", "best gmu < max",
-                  "preempt/s at max batch"]
+ORACLE_HEADERS = ["scenario", "objective", "oracle best", "value", "tuner-grid best (regret floor)",
+                  "feasible/grid", "best gmu < max", "preempt/s at max batch"]
 SUMMARY_HEADERS = ["strategy", "mean regret", "max regret", f"regret <= {REGRET_TARGET:.0%}", "violating choices",
-                   f"median GPU-min x {BASELINE}", "total GPU-min", "mean trials"]
+                   "no choice", f"median GPU-min x {BASELINE}", f"same, where {BASELINE} chose", "total GPU-min",
+                   "mean trials"]
+
+
+def _floor(sc: ScenarioResult) -> float:
+    return 0.0 if sc.oracle_objective <= 0 else 100 * max(0.0, 1 - sc.tuner_grid_best / sc.oracle_objective)
 
 
 def oracle_rows(result: BenchResult) -> list[list[str]]:
     return [[
         sc.scenario, sc.objective_unit, sc.oracle_setting, f"{sc.oracle_objective:.3g}",
-        f"{sc.oracle_feasible}/{sc.oracle_grid}", "yes" if sc.best_gmu_below_max else "no",
+        f"{sc.tuner_grid_best:.3g} ({_floor(sc):.1f}%)", f"{sc.oracle_feasible}/{sc.oracle_grid}", "yes" if sc.best_gmu_below_max else "no",
         f"{sc.saturation_preemptions_per_s:.2f}",
     ] for sc in result.scenarios]
 
@@ -55,8 +60,10 @@ def summary_rows(result: BenchResult) -> list[list[str]]:
     n = len(result.scenarios)
     return [[
         s.strategy, f"{100 * s.mean_regret:.1f}%", f"{100 * s.max_regret:.1f}%",
-        f"{s.scenarios_within_regret_target}/{n}", str(s.violating_choices),
+        f"{s.scenarios_within_regret_target}/{n}", str(s.violating_choices), str(s.no_choice),
         "-" if s.median_gpu_minutes_ratio is None else f"{s.median_gpu_minutes_ratio:.2f}",
+        "-" if s.median_gpu_minutes_ratio_where_baseline_chose is None
+        else f"{s.median_gpu_minutes_ratio_where_baseline_chose:.2f}",
         f"{s.total_gpu_minutes:.0f}", f"{s.mean_trials:.1f}",
     ] for s in result.summary]
 

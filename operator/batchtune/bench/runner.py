@@ -34,7 +34,7 @@ class StrategyRun:
     """Noise-free objective of the chosen setting."""
     regret: float
     violates: bool
-    """The chosen setting misses the SLO at the load it claims (noise-free), or nothing was chosen."""
+    """The chosen setting misses the SLO at the load it claims (noise-free); False when nothing was chosen."""
     noisy_violations: int
     trials: int
     failed_starts: int
@@ -53,6 +53,9 @@ class ScenarioResult:
     oracle_objective: float
     oracle_grid: int
     oracle_feasible: int
+    tuner_grid_best: float
+    """Best noise-free objective on the strategies' own (coarser) grid: the regret floor a perfect search
+    over the candidates could reach is 1 - tuner_grid_best / oracle_objective."""
     best_gmu_below_max: bool
     saturation_preemptions_per_s: float
     runs: tuple[StrategyRun, ...]
@@ -66,8 +69,12 @@ class StrategySummary:
     max_regret: float
     scenarios_within_regret_target: int
     violating_choices: int
+    no_choice: int
+    """Scenarios where the strategy recommended nothing."""
     median_gpu_minutes_ratio: float | None
     """Median over scenarios of GPU-minutes / the auto_tune baseline's on the same scenario."""
+    median_gpu_minutes_ratio_where_baseline_chose: float | None
+    """The same median over the scenarios where auto_tune recommended a setting (it also fails cheaply)."""
     total_gpu_minutes: float
     mean_trials: float
 
@@ -133,7 +140,9 @@ def run_scenario(
         tpe = OptunaTpe(budget=max(1, budget))
         testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, tpe.name), noise, cost)
         choices.append((tpe.name, tpe.tune(testbed, scenario, seed=seed), testbed))
-    oracle = run_oracle(judge, extra=[c.knobs for _, c, _ in choices if c.knobs is not None])
+    extra = [c.knobs for _, c, _ in choices if c.knobs is not None] + scenario.tuner_space.grid()
+    oracle = run_oracle(judge, extra=extra)
+    tuner_best = max(judge.objective(k).objective for k in scenario.tuner_space.grid())
     if use_cache:
         from batchtune.bench.cache import save_from
 
@@ -149,6 +158,7 @@ def run_scenario(
         oracle_objective=best.objective,
         oracle_grid=oracle.grid_size,
         oracle_feasible=oracle.feasible,
+        tuner_grid_best=tuner_best,
         best_gmu_below_max=oracle.best_gmu_below_max,
         saturation_preemptions_per_s=oracle.saturation_preemptions_per_s,
         runs=runs,
@@ -166,7 +176,7 @@ def _judge_choice(
     )
     if choice.knobs is None:
         return StrategyRun(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
-                           violates=True, noisy_violations=RECHECK_REPEATS, **common)  # type: ignore[arg-type]
+                           violates=False, noisy_violations=0, **common)  # type: ignore[arg-type]
     value = judge.objective(choice.knobs).objective
     load = _recheck_load(judge, choice)
     violates = load is None or not judge.holds(choice.knobs, load)
@@ -200,11 +210,13 @@ def summarize(results: Sequence[ScenarioResult]) -> tuple[StrategySummary, ...]:
     out = []
     for name in names:
         runs = [(r, run) for r in results for run in r.runs if run.strategy == name]
-        ratios = []
+        ratios, chose_ratios = [], []
         for result, run in runs:
             base = next((b for b in result.runs if b.strategy == BASELINE), None)
             if base is not None and base.gpu_minutes > 0:
                 ratios.append(run.gpu_minutes / base.gpu_minutes)
+                if base.chosen is not None:
+                    chose_ratios.append(run.gpu_minutes / base.gpu_minutes)
         regrets = [run.regret for _, run in runs]
         out.append(StrategySummary(
             strategy=name,
@@ -212,7 +224,9 @@ def summarize(results: Sequence[ScenarioResult]) -> tuple[StrategySummary, ...]:
             max_regret=max(regrets, default=0.0),
             scenarios_within_regret_target=sum(r <= REGRET_TARGET + 1e-9 for r in regrets),
             violating_choices=sum(run.violates for _, run in runs),
+            no_choice=sum(run.chosen is None for _, run in runs),
             median_gpu_minutes_ratio=statistics.median(ratios) if ratios else None,
+            median_gpu_minutes_ratio_where_baseline_chose=statistics.median(chose_ratios) if chose_ratios else None,
             total_gpu_minutes=sum(run.gpu_minutes for _, run in runs),
             mean_trials=statistics.fmean(run.trials for _, run in runs) if runs else 0.0,
         ))
