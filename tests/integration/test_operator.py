@@ -30,10 +30,18 @@ def operator_rbac(kubectl, batchtuning_crd):
 
 
 @pytest.fixture
-def operator(cluster, namespace, operator_rbac, tmp_path):
+def operator(cluster, kube, namespace, operator_rbac, tmp_path):
     op = Operator(Path(cluster.operator_kubeconfig), namespace, tmp_path)
     op.start()
     yield op
+    # Delete the BatchTunings while the operator still runs, so their finalizer is honoured and
+    # the namespace can go.
+    op.start() if op.proc is None or op.proc.poll() is not None else None
+    kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and kube.custom.list_namespaced_custom_object(
+            "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"]:
+        time.sleep(0.5)
     op.stop()
 
 
@@ -175,7 +183,7 @@ def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prome
                             objective={"type": "OutputThroughput"},
                             load={"inputTokens": 256, "outputTokens": 64, "concurrency": 8},
                             apply={"mode": "Recommend"}))
-    prom_pid = cluster.processes["prometheus"]
+    prom_pid = next(p.pid for p in cluster.processes if p.name == "prometheus")
 
     def load_running():
         bt = get_bt(kube, namespace, "tune")

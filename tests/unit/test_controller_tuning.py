@@ -1,0 +1,83 @@
+"""The reconcile's pure vocabulary: verify verdicts, step results, trial outcomes, load bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchtune.api import parse_spec
+from batchtune.controller import tuning
+
+SPEC = parse_spec({
+    "targetRef": {"name": "llm"},
+    "searchSpace": {"maxNumSeqs": {"values": [8, 16, 32]}},
+    "slo": {"percentile": "P95", "interTokenLatencyMilliseconds": 40, "maxErrorRatePercent": 1,
+            "headroomPercent": 10},
+    "prometheus": {"url": "http://127.0.0.1:9090"},
+    "apply": {"maxRegressionPercent": 10},
+})
+BEFORE = {"itlMs": 48.8, "outputThroughput": 100.0, "errorRatePercent": 0.0}
+
+
+@pytest.mark.parametrize("after,verdict", [
+    pytest.param({"itlMs": 49.0, "outputThroughput": 102.0, "errorRatePercent": 0.0}, "Met",
+                 id="same-bucket-above-target-is-not-a-regression"),
+    pytest.param({"itlMs": 30.0, "outputThroughput": 100.0, "errorRatePercent": 0.0}, "Met", id="better"),
+    pytest.param({"itlMs": 80.0, "outputThroughput": 100.0, "errorRatePercent": 0.0}, "Violated",
+                 id="latency-worse-and-over-target"),
+    pytest.param({"itlMs": 30.0, "outputThroughput": 80.0, "errorRatePercent": 0.0}, "Violated",
+                 id="throughput-dropped"),
+    pytest.param({"itlMs": 30.0, "outputThroughput": 100.0, "errorRatePercent": 5.0}, "Violated", id="errors"),
+    pytest.param({"itlMs": None, "outputThroughput": 100.0, "errorRatePercent": 0.0}, "Unknown",
+                 id="latency-missing"),
+    pytest.param({"itlMs": float("nan"), "outputThroughput": 100.0, "errorRatePercent": 0.0}, "Unknown",
+                 id="latency-nan"),
+    pytest.param({"itlMs": 30.0, "outputThroughput": None, "errorRatePercent": 0.0}, "Unknown",
+                 id="throughput-missing"),
+])
+def test_verify_verdict(after, verdict):
+    assert tuning.verify_verdict(SPEC, BEFORE, after)[0] == verdict
+
+
+def test_verify_without_a_before_window_judges_the_target_alone():
+    assert tuning.verify_verdict(SPEC, {}, {"itlMs": 41.0, "errorRatePercent": 0.0})[0] == "Violated"
+    assert tuning.verify_verdict(SPEC, {}, {"itlMs": 39.0, "errorRatePercent": 0.0})[0] == "Met"
+
+
+def test_client_percentiles_decide_and_histograms_are_kept():
+    measured = tuning.Measurement({"itlMs": 48.85, "requestThroughput": 2.0, "outputThroughput": 146.0})
+    result = tuning.step_result(measured, {"completed": 99, "failed": 1, "p95_itl_ms": 28.7,
+                                           "request_throughput": 2.0}, 95)
+    metrics = result["metrics"]
+    assert metrics["itlMs"] == 28.7 and metrics["itlHistogramMs"] == 48.85
+    assert metrics["errorRatePercent"] == pytest.approx(1.0)
+    assert "itlHistogramMs" in result["crossCheck"]
+
+
+def test_without_a_summary_the_error_rate_stays_unknown():
+    result = tuning.step_result(tuning.Measurement({"itlMs": 20.0, "requestThroughput": 1.0,
+                                                    "outputThroughput": 9.0}), None, 95)
+    assert "errorRatePercent" not in result["metrics"]
+    step = {"load": 4, "results": [result]}
+    tuning.close_step(SPEC, step)
+    assert step["verdict"] == "Unknown"
+
+
+def test_capacity_comes_from_the_highest_passing_load():
+    steps = [
+        {"load": 8, "verdict": "Met", "margin": 0.5, "metrics": {"requestThroughput": 4.0}},
+        {"load": 32, "verdict": "Violated", "margin": -0.2, "metrics": {"requestThroughput": 9.0}},
+        {"load": 16, "verdict": "Met", "margin": 0.05, "metrics": {"requestThroughput": 7.0}},
+    ]
+    outcome = tuning.trial_outcome(parse_spec({**SPEC.model_dump(by_alias=True, exclude_none=True),
+                                               "objective": {"type": "SloCapacity"}}), steps)
+    assert outcome.verdict == "Met"
+    assert outcome.metrics["sloCapacity"] == 7.0 and outcome.metrics["sloCapacityLoad"] == 16
+
+
+def test_no_passing_load_is_violated_not_unknown():
+    steps = [{"load": 4, "verdict": "Violated", "margin": -0.5, "metrics": {"requestThroughput": 1.0}}]
+    assert tuning.trial_outcome(SPEC, steps).verdict == "Violated"
+
+
+def test_closed_loop_ceiling_is_twice_the_batch():
+    assert tuning.capacity_ceiling(SPEC, {"setting": {"maxNumSeqs": 32}}) == 64
