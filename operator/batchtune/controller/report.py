@@ -110,9 +110,10 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
         for ax, key in ((axes[0], util_key), (axes[1], "outputThroughput")):
             if metrics.get(key) is not None:
                 ax.plot([x], [metrics[key]], marker="*", markersize=16, color="tab:green", zorder=6)
-    handles, labels = axes[2].get_legend_handles_labels()
-    axes[2].legend(handles, labels, fontsize=7, loc="best")
-    axes[0].legend(fontsize=8, loc="lower right")
+    if axes[2].get_legend_handles_labels()[0]:
+        axes[2].legend(fontsize=7, loc="best")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8, loc="lower right")
     if title:
         fig.suptitle(title)
     buf = io.BytesIO()
