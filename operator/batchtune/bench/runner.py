@@ -16,7 +16,7 @@ from batchtune.bench.strategies.doubling import Doubling
 from batchtune.bench.strategies.hillclimb import HillClimb
 from batchtune.bench.strategies.tpe import OptunaTpe
 from batchtune.bench.testbed import CostModel, GroundTruth, SimTestbed, derive_seed
-from batchtune.bench.types import Choice, Knobs, Load
+from batchtune.bench.types import Choice, Load
 
 BASELINE = "auto_tune"
 RECHECK_REPEATS = 3
