@@ -42,6 +42,12 @@ ANN_APPLIED_AT = "batchtune.io/applied-at"
 ANN_APPLIED_BY = "batchtune.io/applied-by"
 
 
+# Back-off after Prometheus failures, per BatchTuning (uid -> (failures, not before)). Kept in memory:
+# it only spaces out retries, so losing it on a restart costs one early retry.
+_PROMETHEUS_BACKOFF: dict[str, tuple[int, datetime]] = {}
+MAX_BACKOFF_SECONDS = 60
+
+
 def _drop_nulls(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
@@ -123,6 +129,9 @@ class Reconcile:
             self.flush()
 
     def _run(self) -> None:
+        backoff = _PROMETHEUS_BACKOFF.get(self.uid)
+        if backoff and self.now < backoff[1]:
+            return  # Prometheus failed recently; the next try waits out the back-off
         observed = self.status.get("observedGeneration")
         if observed is not None and observed != self.generation:
             self.restart()
@@ -173,12 +182,16 @@ class Reconcile:
         return self._prom
 
     def prometheus_down(self, exc: Exception) -> None:
+        failures = _PROMETHEUS_BACKOFF.get(self.uid, (0, self.now))[0] + 1
+        delay = min(MAX_BACKOFF_SECONDS, 2 ** failures)
+        _PROMETHEUS_BACKOFF[self.uid] = (failures, self.now + timedelta(seconds=delay))
         if self.condition("Degraded", True, "PrometheusUnreachable",
                           f"Prometheus at {self.spec.prometheus.url} (spec.prometheus.url) did not answer: {exc}; "
-                          "no decision is taken on missing data, retrying"):
+                          f"no decision is taken on missing data, retrying in {delay}s"):
             self.event("Warning", "PrometheusUnreachable", str(exc))
 
     def prometheus_ok(self) -> None:
+        _PROMETHEUS_BACKOFF.pop(self.uid, None)
         cond = get_condition(self.status.get("conditions") or [], "Degraded")
         if cond and cond.get("status") == "True" and cond.get("reason") == "PrometheusUnreachable":
             self.condition("Degraded", False, "PrometheusReachable", "Prometheus answers again")
