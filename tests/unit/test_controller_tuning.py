@@ -81,3 +81,26 @@ def test_no_passing_load_is_violated_not_unknown():
 
 def test_closed_loop_ceiling_is_twice_the_batch():
     assert tuning.capacity_ceiling(SPEC, {"setting": {"maxNumSeqs": 32}}) == 64
+
+
+def test_memory_pruned_settings_teach_the_strategy_without_spending_trials():
+    spec = parse_spec({
+        "targetRef": {"name": "llm"},
+        "searchSpace": {"maxNumSeqs": {"values": [4, 8, 16]}, "gpuMemoryUtilizationPercent": [90, 95]},
+        "strategy": {"type": "Adaptive", "maxTrials": 3},
+        "slo": {"interTokenLatencyMilliseconds": 50},
+        "prometheus": {"url": "http://127.0.0.1:9090"},
+    })
+    pruned = [{"setting": {"maxNumSeqs": s, "gpuMemoryUtilizationPercent": 90},
+               "reason": "does not fit in GPU memory: ValueError: No available memory for the cache blocks."}
+              for s in (8, 16)]
+    met = {"index": 0, "name": "t-0", "state": "Done", "verdict": "Met",
+           "setting": {"maxNumSeqs": 4, "gpuMemoryUtilizationPercent": 90},
+           "metrics": {"requestThroughput": 2.0, "sloCapacity": 2.0, "kvCacheUsagePercent": 30.0,
+                       "preemptionsPerSecond": 0.0, "ttftMs": 100.0, "itlMs": 20.0, "errorRatePercent": 0.0}}
+    plan = {"engineLimits": {"chunkedPrefill": True}}
+    nxt = tuning.next_setting(spec, plan, {}, [met], pruned)
+    # The gmu-90% column ends where memory ran out, not at the SLO: more memory is worth a trial.
+    assert nxt is not None and nxt["gpuMemoryUtilizationPercent"] == 95
+    first = tuning.next_setting(spec, plan, {}, [], pruned)
+    assert first not in [p["setting"] for p in pruned]

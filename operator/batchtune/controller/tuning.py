@@ -147,15 +147,34 @@ def pruned_status(plan: TrialPlan) -> list[dict]:
 
 
 def _core_plan(spec: BatchTuningSpec, plan_status: Mapping[str, Any], baseline: Mapping[str, Any],
-               pruned: Sequence[Mapping[str, Any]]) -> core.Plan:
-    """The plan again from spec and status alone (pure), so a restarted operator asks the same."""
+               pruned: Sequence[Mapping[str, Any]]) -> tuple[core.Plan, list[core.HistoryEntry]]:
+    """The plan again from spec and status alone (pure), so a restarted operator asks the same.
+
+    Settings the memory prefilter pruned stay in the plan and enter the history as Infeasible
+    with vLLM's memory reason: to a strategy they are what a failed trial would have taught it
+    (a column cut short by memory is KV-bound), learned without spending a GPU.
+    """
     space = core.SearchSpace.from_spec(spec.search_space)
-    dropped = {core.Setting.from_status(p["setting"]) for p in pruned}
     saved = plan_status.get("engineLimits") or {}
     limits = core.EngineLimits(saved.get("maxModelLen"), saved.get("chunkedPrefill", True),
                                saved.get("maxNumBatchedTokens"))
     plan = core.plan_candidates(space, limits)
-    return core.Plan(tuple(s for s in plan.candidates if s not in dropped), plan.pruned, plan.notes)
+    learned = []
+    for entry in pruned:
+        reason = _memory_reason(entry.get("reason") or "")
+        setting = core.Setting.from_status(entry["setting"])
+        if reason and setting in plan.candidates:
+            learned.append((setting, core.TrialOutcome(state="Infeasible", verdict="Violated", reason=reason,
+                                                       message=entry["reason"])))
+    return plan, learned
+
+
+def _memory_reason(text: str) -> str | None:
+    if not text.startswith("does not fit in GPU memory"):
+        return None
+    if "Free memory on device" in text:
+        return core.REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH
+    return core.REASON_KV_CACHE_TOO_SMALL
 
 
 def history(trials: Sequence[Mapping[str, Any]]) -> tuple[list[core.HistoryEntry], list[core.Setting]]:
@@ -179,11 +198,13 @@ def outcome_of(trial: Mapping[str, Any]) -> core.TrialOutcome:
 
 def next_setting(spec: BatchTuningSpec, plan_status: Mapping[str, Any], baseline: Mapping[str, Any],
                  trials: Sequence[Mapping[str, Any]], pruned: Sequence[Mapping[str, Any]] = ()) -> dict | None:
-    plan = _core_plan(spec, plan_status, baseline, pruned)
+    plan, learned = _core_plan(spec, plan_status, baseline, pruned)
+    # What the prefilter taught is history too, but it spends none of spec.strategy.maxTrials.
     strategy = core.make_strategy(spec.strategy.type.value, plan, core.SloTargets.from_spec(spec.slo),
-                                  spec.objective.type.value, spec.strategy.seed, spec.strategy.max_trials)
+                                  spec.objective.type.value, spec.strategy.seed,
+                                  spec.strategy.max_trials + len(learned))
     done, pending = history(trials)
-    setting = strategy.ask(done, pending)
+    setting = strategy.ask(learned + done, pending)
     return setting.to_status() if setting is not None else None
 
 
@@ -450,6 +471,7 @@ def trial_outcome(spec: BatchTuningSpec, steps: Sequence[Mapping[str, Any]]) -> 
         step = measured[-1]
         metrics = dict(step.get("metrics") or {})
         _derived(metrics)
+        _peaks(metrics, measured)
         return TrialConclusion(metrics, step["verdict"], step.get("verdictReason", ""), "Measured",
                                step.get("crossCheck") or f"measured at load {step['load']}")
     passing = [s for s in measured if s["verdict"] == "Met"]
@@ -458,18 +480,34 @@ def trial_outcome(spec: BatchTuningSpec, steps: Sequence[Mapping[str, Any]]) -> 
         step = min(measured, key=lambda s: s["load"])
         metrics = dict(step.get("metrics") or {})
         _derived(metrics)
+        _peaks(metrics, measured)
         verdict = "Unknown" if unknown and len(unknown) == len(measured) else "Violated"
         return TrialConclusion(metrics, verdict, f"even the lowest load ({step['load']}) fails: "
                                + step.get("verdictReason", ""), "NoCapacity", step.get("crossCheck") or "")
     best = max(passing, key=lambda s: s["load"])
     metrics = dict(best.get("metrics") or {})
     _derived(metrics)
+    _peaks(metrics, measured)
     metrics["sloCapacity"] = metrics.get("requestThroughput")
     metrics["sloCapacityLoad"] = best["load"]
     unit = "requests/min" if open_loop(spec) else "concurrent requests"
     return TrialConclusion(metrics, "Met", f"SLO capacity {metrics.get('sloCapacity') or 0:.3g} req/s at "
                            f"{best['load']} {unit}: " + best.get("verdictReason", ""), "Measured",
                            best.get("crossCheck") or f"{len(measured)} load steps")
+
+
+# Trial metric <- step metrics it is the peak of, over every measured step: the capacity step's own
+# KV usage sits below where the cache binds, the failing step above it shows the binding (Adaptive's gmu gate).
+_PEAKS = {"kvCacheUsagePeakPercent": ("kvCacheUsageMaxPercent", "kvCacheUsagePercent"),
+          "preemptionsPeakPerSecond": ("preemptionsPerSecond",)}
+
+
+def _peaks(metrics: dict, steps: Sequence[Mapping[str, Any]]) -> None:
+    for peak, names in _PEAKS.items():
+        values = [float(v) for s in steps for name in names
+                  if isinstance(v := (s.get("metrics") or {}).get(name), (int, float)) and math.isfinite(v)]
+        if values:
+            metrics[peak] = max(values)
 
 
 def _derived(metrics: dict) -> None:
