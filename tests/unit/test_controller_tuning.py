@@ -104,3 +104,22 @@ def test_memory_pruned_settings_teach_the_strategy_without_spending_trials():
     assert nxt is not None and nxt["gpuMemoryUtilizationPercent"] == 95
     first = tuning.next_setting(spec, plan, {}, [], pruned)
     assert first not in [p["setting"] for p in pruned]
+
+
+@pytest.mark.parametrize("objective", ["SloCapacity", "OutputThroughput"])
+def test_trial_metrics_carry_the_peak_kv_usage_and_preemptions_over_all_steps(objective):
+    # The capacity step's own KV usage is low; the failing step above it is where the cache binds.
+    steps = [
+        {"load": 8, "verdict": "Met", "metrics": {"requestThroughput": 4.0, "kvCacheUsagePercent": 40.0,
+                                                  "kvCacheUsageMaxPercent": 55.0, "preemptionsPerSecond": 0.0}},
+        {"load": 16, "verdict": "Violated", "metrics": {"requestThroughput": 7.0, "kvCacheUsagePercent": 88.0,
+                                                        "kvCacheUsageMaxPercent": 100.0, "preemptionsPerSecond": 1.5}},
+        {"load": 12, "verdict": "Met", "metrics": {"requestThroughput": 6.0, "kvCacheUsagePercent": 60.0,
+                                                   "preemptionsPerSecond": 0.0}},
+    ]
+    spec = parse_spec({**SPEC.model_dump(by_alias=True, exclude_none=True), "objective": {"type": objective}})
+    outcome = tuning.trial_outcome(spec, steps)
+    assert outcome.metrics["kvCacheUsagePeakPercent"] == 100.0
+    assert outcome.metrics["preemptionsPeakPerSecond"] == 1.5
+    if objective == "SloCapacity":
+        assert outcome.metrics["kvCacheUsagePercent"] == 60.0 and outcome.metrics["sloCapacityLoad"] == 12

@@ -164,3 +164,69 @@ def test_bayesian_explores_the_space_and_finds_a_feasible_point():
 def test_unknown_kind_is_an_error():
     with pytest.raises(ValueError, match="strategy.type 'Random'"):
         make_strategy("Random", PLAN_1D, SLO)
+
+
+def _capacity_run(gmu_boost: dict[int, int], *, passing_kv: float, peak_kv: float | None, peaks_preempt: float = 0.0):
+    """SLO capacity met up to seqs 64 (x gmu boost); the passing step's KV usage is low, the failing
+    step above it fills the cache (reported only as the trial's peak, as the operator does)."""
+    def run(s: Setting) -> TrialOutcome:
+        limit = 64 * gmu_boost.get(s.gpu_memory_utilization_percent, 1)
+        metrics = {"e2eMs": 100.0, "kvCacheUsagePercent": passing_kv, "preemptionsPerSecond": 0.0}
+        if peak_kv is not None:
+            metrics |= {"kvCacheUsagePeakPercent": peak_kv, "preemptionsPeakPerSecond": peaks_preempt}
+        if s.max_num_seqs > limit:
+            return TrialOutcome(TrialState.DONE, Verdict.VIOLATED, None, {**metrics, "e2eMs": 5000.0})
+        return TrialOutcome(TrialState.DONE, Verdict.MET, float(s.max_num_seqs), metrics)
+    return run
+
+
+@pytest.mark.parametrize(("peak_kv", "preempt", "escalates"), [
+    pytest.param(97.0, 0.0, True, id="failing-step-fills-the-cache"),
+    pytest.param(60.0, 1.5, True, id="failing-step-preempts"),
+    pytest.param(60.0, 0.0, False, id="cache-never-fills"),
+])
+def test_adaptive_gmu_gate_reads_the_peak_over_load_steps(peak_kv, preempt, escalates):
+    # The passing step's usage (70%) is under the KV-bound line; only the peak tells.
+    plan = plan_candidates(SearchSpace(doublings(4, 512), (80, 90)))
+    history = drive("Adaptive", plan, _capacity_run({90: 4}, passing_kv=70.0, peak_kv=peak_kv, peaks_preempt=preempt))
+    assert (90 in {s.gpu_memory_utilization_percent for s, _ in history}) is escalates
+    assert largest_met(history) == (256 if escalates else 64)
+
+
+def _stream_run(s: Setting) -> TrialOutcome:
+    """512 closed-loop users: below seqs 128 requests queue (TTFT fails), above 128 ITL fails."""
+    seqs = s.max_num_seqs
+    metrics = {"ttftMs": 100.0 if seqs >= 128 else 5000.0, "itlMs": 10.0 if seqs <= 128 else 80.0,
+               "waitingRequests": float(max(0, 512 - seqs)), "outputThroughput": 40.0 * seqs}
+    met = seqs == 128
+    return TrialOutcome(TrialState.DONE, Verdict.MET if met else Verdict.VIOLATED,
+                        metrics["outputThroughput"] if met else None, metrics)
+
+
+def test_adaptive_reads_queued_ttft_violation_as_too_small():
+    # The first bisection point (64) queues; read as an upper bound it would end the search with nothing.
+    slo = SloTargets(ttft_ms=1000, itl_ms=40)
+    plan = plan_candidates(SearchSpace(doublings(4, 1024)))
+    strategy = make_strategy("Adaptive", plan, slo, "OutputThroughput", 0, 64)
+    history = []
+    while (s := strategy.ask(history)) is not None:
+        history.append((s, _stream_run(s)))
+    assert history[0][0].max_num_seqs < 128
+    assert largest_met(history) == 128
+    assert len(history) <= 4
+    assert any("too small for the load" in p.reason for p in strategy.skipped(history))
+
+
+@pytest.mark.parametrize(("metrics", "too_small"), [
+    pytest.param({"ttftMs": 5000.0, "itlMs": 10.0, "waitingRequests": 30.0}, True, id="ttft-only-with-queue"),
+    pytest.param({"ttftMs": 5000.0, "itlMs": 10.0, "waitingRequests": 0.0}, False, id="no-queue"),
+    pytest.param({"ttftMs": 5000.0, "itlMs": 10.0}, False, id="queue-unmeasured"),
+    pytest.param({"ttftMs": 5000.0, "itlMs": 80.0, "waitingRequests": 30.0}, False, id="itl-fails-too"),
+    pytest.param({"ttftMs": 5000.0, "waitingRequests": 30.0}, False, id="itl-unmeasured"),
+    pytest.param({"ttftMs": 100.0, "itlMs": 80.0, "waitingRequests": 30.0}, False, id="itl-only"),
+])
+def test_queued_ttft_only(metrics, too_small):
+    from batchtune.core.strategies._adaptive import queued_ttft_only
+
+    outcome = TrialOutcome(TrialState.DONE, Verdict.VIOLATED, None, metrics)
+    assert queued_ttft_only(outcome, SloTargets(ttft_ms=1000, itl_ms=40)) is too_small

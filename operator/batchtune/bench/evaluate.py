@@ -150,6 +150,10 @@ class TrialResult:
     reading: Reading | None
     failure: str | None = None
     steps: int = 0
+    kv_usage_peak_pct: float | None = None
+    """Highest KV-cache usage over the trial's load steps (the operator's `kvCacheUsagePeakPercent`)."""
+    preemptions_peak_per_s: float | None = None
+    """Highest preemption rate over the trial's load steps (`preemptionsPeakPerSecond`)."""
 
 
 def slo_margin(slo: Slo, metrics: Mapping[str, float] | None, headroom_pct: int = 0) -> float:
@@ -232,12 +236,21 @@ def operator_trial(
         throughput = reading.get("request_throughput", 0.0)
         steps.append(LoadStep(load, margin >= 0, margin if math.isfinite(margin) else -1e9, throughput))
         readings[load] = reading
+    kv_peak, preemption_peak = _peak(readings.values(), "kv_cache_usage_pct"), _peak(readings.values(), "preemptions_per_s")
     best = capacity(steps)
     if best is None:
-        return TrialResult(knobs, True, 0.0, False, None, None, None, len(steps))
+        # The controller reports a trial with no passing load by its lowest load step.
+        lowest = readings[min(readings)] if readings else None
+        return TrialResult(knobs, True, 0.0, False, None, lowest, None, len(steps), kv_peak, preemption_peak)
     reading = readings[best.load]
     value = max(reading.get("request_throughput", 0.0), 0.0)
-    return TrialResult(knobs, True, value, True, _from_int_load(kind, best.load), reading, None, len(steps))
+    return TrialResult(knobs, True, value, True, _from_int_load(kind, best.load), reading, None, len(steps),
+                       kv_peak, preemption_peak)
+
+
+def _peak(readings, key: str) -> float | None:
+    values = [v for r in readings if math.isfinite(v := r.get(key))]
+    return max(values) if values else None
 
 
 def _capacity_start(scenario: Scenario, knobs: Knobs, neighbours: Sequence[TrialResult]) -> int:

@@ -53,6 +53,10 @@ def status_metrics(reading: Reading | None, scenario: Scenario, percentile: int)
         "smActivePercent": m.get("sm_active_pct"),
         "powerWatts": m.get("power_w"),
     }
+    running = m.get("max_concurrent_requests")
+    if reading.load.kind == "concurrency" and running is not None:
+        # A closed loop keeps its users' requests outstanding: those beyond the running batch wait.
+        out["waitingRequests"] = max(0.0, reading.load.value - running)
     completed, failed = m.get("completed"), m.get("failed")
     if completed is not None and failed is not None and completed + failed > 0:
         out["errorRatePercent"] = 100.0 * failed / (completed + failed)
@@ -82,6 +86,11 @@ def to_outcome(result: TrialResult, scenario: Scenario, slo, objective):  # -> T
         return TrialOutcome(TrialState.INFEASIBLE, Verdict.VIOLATED, reason=_reason(result.failure),
                             message=(result.failure or "")[:200])
     metrics = status_metrics(result.reading, scenario, slo.percentile)
+    # The operator's trial metrics carry the peaks over every load step (`controller.tuning.trial_outcome`).
+    if result.kv_usage_peak_pct is not None:
+        metrics["kvCacheUsagePeakPercent"] = result.kv_usage_peak_pct
+    if result.preemptions_peak_per_s is not None:
+        metrics["preemptionsPeakPerSecond"] = result.preemptions_peak_per_s
     if objective is Objective.SLO_CAPACITY:
         metrics["sloCapacity"] = result.objective
     if not result.met:

@@ -2,13 +2,16 @@
 
 Latency grows with max-num-seqs, so within a column the SLO verdict is Met up to a boundary and
 Violated past it: bisection finds the largest SLO-meeting setting in about log2(n) trials.
+The exception is a batch too small for its load: when only TTFT fails while requests wait in the
+queue, the violation is a lower bound (more seqs admit the waiting requests), and bisection goes up.
 What the history proves is skipped:
 - larger max-num-seqs than one that violated the SLO (dominated);
 - settings that need at least the memory of one that failed with a memory error: more seqs, at the
   same or LOWER gmu and same or larger mbt (lower gmu leaves less memory, so it fails too);
 - every gmu at or above one where vLLM found less free memory than the gmu asks for;
 - a higher gmu column when the lower one was not KV-bound at its boundary (no preemptions, KV
-  usage under 90%): more KV cache would not change its latency.
+  usage under 90%, judged on the peak over every load step of the trial, not only the passing step
+  the trial's metrics come from): more KV cache would not change its latency.
 """
 
 from __future__ import annotations
@@ -30,9 +33,16 @@ from batchtune.core.planning import PrunedSetting
 from batchtune.core.settings import Setting
 from batchtune.core.strategies._base import Strategy
 from batchtune.core.objective import objective_value
+from batchtune.core.slo import METRIC_TTFT_MS, SloTargets
 
 KV_BOUND_USAGE_PERCENT = 90.0
 """KV-cache usage at or above this (or any preemption) means more GPU memory could help."""
+
+# Peak KV usage / preemption rate over all of a trial's load steps (the operator's trial metrics);
+# with the SLO-capacity objective the plain metrics are the passing step's, below where KV binds.
+KV_USAGE_METRICS = ("kvCacheUsagePeakPercent", "kvCacheUsageMaxPercent", "kvCacheUsagePercent")
+PREEMPTION_METRICS = ("preemptionsPeakPerSecond", "preemptionsPerSecond")
+WAITING_METRIC = "waitingRequests"
 
 Column = tuple[int, int | None]
 
@@ -40,14 +50,39 @@ Column = tuple[int, int | None]
 class _Kind(Enum):
     MET = "met"
     VIOLATED = "violated"  # SLO violated, or too big for memory: an upper bound on max-num-seqs
+    TOO_SMALL = "too_small"  # only TTFT failed while requests waited: a lower bound on max-num-seqs
     NOINFO = "noinfo"  # unknown verdict or an unrelated failure: says nothing about the boundary
 
 
-def _classify(outcome: TrialOutcome) -> _Kind:
+def _peak(outcome: TrialOutcome, names: tuple[str, ...]) -> float | None:
+    values = [v for name in names if (v := outcome.metric(name)) is not None]
+    return max(values) if values else None
+
+
+def queued_ttft_only(outcome: TrialOutcome, slo: SloTargets) -> bool:
+    """Whether a violation is TTFT alone with requests waiting: the batch is too small for the load.
+
+    Every other latency target must be measured and within its limit, so a batch that is also too
+    slow per token (ITL) stays an upper bound."""
+    targets = slo.latency_targets()
+    waiting = outcome.metric(WAITING_METRIC)
+    if METRIC_TTFT_MS not in targets or waiting is None or waiting <= 0:
+        return False
+    for metric, target in targets.items():
+        value = outcome.metric(metric)
+        if value is None:
+            return False
+        over = value > slo.limit(target)
+        if over != (metric == METRIC_TTFT_MS):
+            return False
+    return True
+
+
+def _classify(outcome: TrialOutcome, slo: SloTargets) -> _Kind:
     if outcome.met:
         return _Kind.MET
     if outcome.state is TrialState.DONE and outcome.verdict is Verdict.VIOLATED:
-        return _Kind.VIOLATED
+        return _Kind.TOO_SMALL if queued_ttft_only(outcome, slo) else _Kind.VIOLATED
     if outcome.state is TrialState.INFEASIBLE and (
         outcome.reason in MEMORY_REASONS or outcome.reason == REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH
     ):
@@ -100,26 +135,38 @@ class _ColumnState:
         return max((i for i, k in self.kinds.items() if k is _Kind.MET), default=-1)
 
     @property
+    def floor(self) -> int:
+        """The largest index known to be too small (TTFT queueing), or -1."""
+        return max((i for i, k in self.kinds.items() if k is _Kind.TOO_SMALL), default=-1)
+
+    @property
+    def bottom(self) -> int:
+        """Everything at or below this index is settled: met, or too small."""
+        return max(self.lo, self.floor)
+
+    @property
     def hi(self) -> int:
-        lo = self.lo
-        bounds = [i for i, k in self.kinds.items() if k is _Kind.VIOLATED and i > lo]
-        bounds += [i for i in self.blocked if i > lo]
+        bottom = self.bottom
+        bounds = [i for i, k in self.kinds.items() if k is _Kind.VIOLATED and i > bottom]
+        bounds += [i for i in self.blocked if i > bottom]
         return min(bounds, default=len(self.settings))
 
     def untried(self, i: int) -> bool:
         return i not in self.kinds and i not in self.pending and i not in self.blocked
 
     def available(self) -> list[int]:
-        return [i for i in range(self.lo + 1, self.hi) if self.untried(i)]
+        return [i for i in range(self.bottom + 1, self.hi) if self.untried(i)]
 
     @property
     def converged(self) -> bool:
-        lo, hi = self.lo, self.hi
-        return not self.available() and not any(lo < i < hi for i in self.pending)
+        bottom, hi = self.bottom, self.hi
+        return not self.available() and not any(bottom < i < hi for i in self.pending)
 
     def boundary_seqs(self) -> int | None:
         if self.lo >= 0:
             return self.settings[self.lo].max_num_seqs
+        if self.floor >= 0:  # the feasible band, if any, starts above the largest too-small setting
+            return self.settings[min(self.floor + 1, len(self.settings) - 1)].max_num_seqs
         if any(k is _Kind.VIOLATED for k in self.kinds.values()):
             return self.settings[0].max_num_seqs
         return None
@@ -137,8 +184,8 @@ class _ColumnState:
             outcome = self.outcomes.get(i)
             if outcome is None:
                 continue
-            preemptions = outcome.metric("preemptionsPerSecond")
-            usage = outcome.metric("kvCacheUsagePercent")
+            preemptions = _peak(outcome, PREEMPTION_METRICS)
+            usage = _peak(outcome, KV_USAGE_METRICS)
             if preemptions is not None and preemptions > 0:
                 return True, f"{self.settings[i].label()} preempted {preemptions:g}/s"
             if usage is not None and usage >= KV_BOUND_USAGE_PERCENT:
@@ -169,7 +216,7 @@ class Adaptive(Strategy):
             index = {s: i for i, s in enumerate(settings)}
             for setting, outcome in history:  # later repeats of a setting override earlier ones
                 if setting in index:
-                    state.kinds[index[setting]] = _classify(outcome)
+                    state.kinds[index[setting]] = _classify(outcome, self.slo)
                     state.outcomes[index[setting]] = outcome
             state.pending = {index[s] for s in pending if s in index}
             for i, setting in enumerate(settings):
@@ -231,10 +278,10 @@ class Adaptive(Strategy):
             return min(available, key=lambda i: (abs(i - hint_index), i))
         if len(state.kinds) == 1 and not state.pending and hint_index is not None:
             (i, kind), = state.kinds.items()
-            step = {_Kind.MET: 1, _Kind.VIOLATED: -1}.get(kind)
+            step = {_Kind.MET: 1, _Kind.TOO_SMALL: 1, _Kind.VIOLATED: -1}.get(kind)
             if i == hint_index and step and i + step in available:
                 return i + step  # bracket next to the hinted boundary before bisecting
-        anchors = {state.lo, state.hi} | state.pending
+        anchors = {state.bottom, state.hi} | state.pending
         anchors |= {i for i, k in state.kinds.items() if k is _Kind.NOINFO}
         return _spread_pick(available, anchors)
 
@@ -310,5 +357,10 @@ class Adaptive(Strategy):
                 elif i >= hi and hi in state.kinds:
                     out.append(PrunedSetting(
                         setting, f"dominated: {state.settings[hi].label()} already violated the SLO"
+                    ))
+                elif i < state.floor:
+                    out.append(PrunedSetting(
+                        setting, f"dominated: {state.settings[state.floor].label()} was too small for the load "
+                        "(TTFT failed with requests waiting)"
                     ))
         return out

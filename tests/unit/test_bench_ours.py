@@ -1,0 +1,72 @@
+"""Our strategies' harness: an operator-style trial carries what the operator's trial metrics carry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from batchtune.bench.evaluate import TrialProtocol, operator_trial
+from batchtune.bench.scenarios import Scenario
+from batchtune.bench.strategies.ours import slo_targets, to_outcome
+from batchtune.bench.types import Knobs, Load, Reading, Slo, StartResult
+from batchtune.core.objective import Objective
+
+CLOSED = Scenario(name="scripted-closed", summary="scripted", model="Llama-3.1-8B", gpu="H100", input_len=100,
+                  output_len=10, slo=Slo({"p95_ttft_ms": 1000.0, "p95_itl_ms": 40.0}), load_kind="concurrency")
+
+
+@dataclass
+class ScriptedTestbed:
+    """Concurrency up to `capacity` passes with the cache 60% full; above it the cache fills and preempts."""
+
+    capacity: int
+    loads: list[float] = field(default_factory=list)
+
+    def start(self, knobs: Knobs) -> StartResult:
+        return StartResult(True, 60.0)
+
+    def run_load(self, load: Load, *, prompts=None, warmup=False) -> Reading:
+        self.loads.append(load.value)
+        over = load.value > self.capacity
+        return Reading(load, {
+            "p95_ttft_ms": 2000.0 if over else 200.0, "p95_itl_ms": 20.0, "request_throughput": load.value / 10,
+            "output_throughput": load.value, "kv_cache_usage_pct": 99.0 if over else 60.0,
+            "preemptions_per_s": 2.5 if over else 0.0, "max_concurrent_requests": min(load.value, 16),
+            "completed": 100.0, "failed": 0.0,
+        })
+
+
+def test_capacity_trial_carries_the_peak_over_its_load_steps() -> None:
+    testbed = ScriptedTestbed(capacity=12)
+    result = operator_trial(testbed, CLOSED, Knobs(16, 90), protocol=TrialProtocol(headroom_pct=10))
+    assert result.met and result.reading is not None
+    assert result.reading.get("kv_cache_usage_pct") == 60.0  # the capacity step's own reading
+    assert any(load > 12 for load in testbed.loads)
+    assert result.kv_usage_peak_pct == 99.0 and result.preemptions_peak_per_s == 2.5
+    outcome = to_outcome(result, CLOSED, slo_targets(CLOSED, 10), Objective.SLO_CAPACITY)
+    assert outcome.metric("kvCacheUsagePercent") == 60.0
+    assert outcome.metric("kvCacheUsagePeakPercent") == 99.0
+    assert outcome.metric("preemptionsPeakPerSecond") == 2.5
+
+
+def test_trial_with_no_passing_load_reports_its_lowest_step() -> None:
+    # As the controller's trial_outcome: the lowest load's metrics, so the strategy can read why it failed.
+    testbed = ScriptedTestbed(capacity=0)
+    result = operator_trial(testbed, CLOSED, Knobs(16, 90), protocol=TrialProtocol(headroom_pct=10))
+    assert not result.met and result.reading is not None
+    assert result.reading.load.value == min(testbed.loads)
+    outcome = to_outcome(result, CLOSED, slo_targets(CLOSED, 10), Objective.SLO_CAPACITY)
+    assert outcome.metric("ttftMs") == 2000.0
+
+
+@pytest.mark.parametrize(("load", "running", "waiting"), [
+    pytest.param(Load("concurrency", 256), 64.0, 192.0, id="closed-loop-queue"),
+    pytest.param(Load("concurrency", 32), 32.0, 0.0, id="closed-loop-all-running"),
+    pytest.param(Load("request_rate", 5.0), 64.0, None, id="open-loop-unknown"),
+])
+def test_waiting_requests_on_a_closed_loop(load, running, waiting) -> None:
+    from batchtune.bench.strategies.ours import status_metrics
+
+    reading = Reading(load, {"p95_ttft_ms": 10.0, "max_concurrent_requests": running})
+    assert status_metrics(reading, CLOSED, 95).get("waitingRequests") == waiting
