@@ -70,3 +70,25 @@ def test_waiting_requests_on_a_closed_loop(load, running, waiting) -> None:
 
     reading = Reading(load, {"p95_ttft_ms": 10.0, "max_concurrent_requests": running})
     assert status_metrics(reading, CLOSED, 95).get("waitingRequests") == waiting
+
+
+def test_prefilter_prunes_enter_the_history_as_memory_failures() -> None:
+    # As the controller's `_core_plan`: a column cut short by memory must read as KV-bound to Adaptive.
+    from batchtune.bench.strategies.ours import learned_from_prefilter
+    from batchtune.core import REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH, REASON_KV_CACHE_TOO_SMALL
+    from batchtune.core.planning import FitVerdict, SearchSpace, plan_candidates
+
+    def fit(s):
+        if s.gpu_memory_utilization_percent == 98:
+            return FitVerdict(False, "Free memory on device cuda:0 (70 GiB) is less than desired")
+        if s.max_num_seqs >= 64:
+            return FitVerdict(False, "No available memory for the cache blocks")
+        return FitVerdict(s.max_num_seqs < 32 or None, "")
+
+    plan = plan_candidates(SearchSpace((16, 32, 64), (90, 98)), fits=fit)
+    learned = dict(learned_from_prefilter(plan))
+    assert {(s.max_num_seqs, s.gpu_memory_utilization_percent) for s in learned} == {(64, 90), (16, 98), (32, 98), (64, 98)}
+    assert {o.reason for s, o in learned.items() if s.gpu_memory_utilization_percent == 98} == {REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH}
+    assert all(o.state.value == "Infeasible" for o in learned.values())
+    assert next(o for s, o in learned.items() if s.max_num_seqs == 64 and s.gpu_memory_utilization_percent == 90).reason \
+        == REASON_KV_CACHE_TOO_SMALL

@@ -138,9 +138,15 @@ class CoreStrategy:
         plan = plan_candidates(core_space, limits, fit)
         if not plan.candidates:
             return Choice(None, None, plan.error or "empty plan")
-        strategy = make_strategy(self.kind, plan, slo, objective, seed=seed, max_trials=self.max_trials)
+        # As the controller (`tuning._core_plan`): what the memory prefilter pruned stays in the plan and
+        # enters the history as Infeasible, outside the trial budget.
+        learned = learned_from_prefilter(plan)
+        if learned:
+            plan = plan_candidates(core_space, limits)
+        strategy = make_strategy(self.kind, plan, slo, objective, seed=seed,
+                                 max_trials=self.max_trials + len(learned))
         runner = TrialRunner(testbed, scenario, TrialProtocol(headroom_pct=self.headroom_pct))
-        history: list = []
+        history: list = list(learned)
         completed: list[CompletedTrial] = []
         claimed: dict[Setting, TrialResult] = {}
         while (setting := strategy.ask(history)) is not None:
@@ -155,6 +161,24 @@ class CoreStrategy:
             return Choice(None, None, selection.reason)
         chosen = claimed[selection.best]
         return Choice(_knobs(selection.best), chosen.claimed_load, selection.reason)
+
+
+def learned_from_prefilter(plan) -> list:  # -> list[HistoryEntry]
+    """The prefilter's memory prunes as Infeasible history entries, with vLLM's memory reason
+    (`controller.tuning._core_plan`)."""
+    from batchtune.core import outcomes
+    from batchtune.core.outcomes import TrialOutcome, TrialState, Verdict
+
+    prefix = "does not fit in GPU memory"
+    out = []
+    for pruned in plan.pruned:
+        if not pruned.reason.startswith(prefix):
+            continue
+        reason = (outcomes.REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH if "Free memory on device" in pruned.reason
+                  else outcomes.REASON_KV_CACHE_TOO_SMALL)
+        out.append((pruned.setting, TrialOutcome(TrialState.INFEASIBLE, Verdict.VIOLATED, reason=reason,
+                                                 message=pruned.reason[:200])))
+    return out
 
 
 def _knobs(setting) -> Knobs:
