@@ -60,6 +60,9 @@ def main() -> int:
     kubectl("-n", NAMESPACE, "apply", "-f", "-", input=render("traffic.yaml", PRODUCTION_URL=f"http://{pod_ip}:8000"))
 
     step("Applying the BatchTuning")
+    # A second run of the demo starts a fresh tuning rather than finding the last one finished.
+    kubectl("-n", NAMESPACE, "delete", "batchtuning", "llama-70b", "--ignore-not-found", "--wait=true",
+            "--timeout=60s", quiet=True)
     kubectl("-n", NAMESPACE, "apply", "-f", "-", input=render("batchtuning.yaml", PROMETHEUS_URL=prometheus))
     print("    watch it yourself with:  kubectl -n demo get bt -w   or   batchtune status llama-70b -n demo -w")
 
