@@ -230,3 +230,20 @@ def test_queued_ttft_only(metrics, too_small):
 
     outcome = TrialOutcome(TrialState.DONE, Verdict.VIOLATED, None, metrics)
     assert queued_ttft_only(outcome, SloTargets(ttft_ms=1000, itl_ms=40)) is too_small
+
+
+def test_adaptive_probes_below_when_the_smallest_batch_measured_scores_best():
+    # Every batch meets the SLO and latency does not rise (no knee), but capacity falls past 16:
+    # bisection starts in the middle and would never look below it.
+    def run(s: Setting) -> TrialOutcome:
+        value = 100.0 - abs(s.max_num_seqs.bit_length() - 5)
+        metrics = {"e2eMs": 500.0, "requestThroughput": value, "sloCapacity": value}
+        return TrialOutcome(TrialState.DONE, Verdict.MET, value, metrics)
+
+    strategy = make_strategy("Adaptive", PLAN_1D, SLO, "SloCapacity", 0, 64)
+    history = []
+    while (s := strategy.ask(history)) is not None:
+        history.append((s, run(s)))
+    best = max(history, key=lambda h: h[1].objective)[0]
+    assert best.max_num_seqs == 16
+    assert len(history) < len(PLAN_1D.candidates)

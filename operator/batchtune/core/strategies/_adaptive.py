@@ -296,16 +296,22 @@ class Adaptive(Strategy):
             below = measured[0] - 1
             return below if below >= 0 and state.untried(below) else None
         knee = find_knee(list(points.values()))
-        if knee is None:
-            return None
-        a = next(i for i in measured if state.settings[i].max_num_seqs == knee.max_num_seqs)
-        b = measured[measured.index(a) + 1]
-        between = [i for i in range(a + 1, b) if state.untried(i)]
-        if between:
-            return _spread_pick(between, {a, b})
-        if a == measured[0] and a > 0 and state.untried(a - 1):
-            return a - 1  # the knee may sit lower still
-        return None
+        if knee is not None:
+            a = next(i for i in measured if state.settings[i].max_num_seqs == knee.max_num_seqs)
+            b = measured[measured.index(a) + 1]
+            between = [i for i in range(a + 1, b) if state.untried(i)]
+            if between:
+                return _spread_pick(between, {a, b})
+            if a == measured[0] and a > 0 and state.untried(a - 1):
+                return a - 1  # the knee may sit lower still
+        # The smallest batch measured scores best: the objective is flat or falling from there, so
+        # the best batch may sit lower still.
+        first = measured[0]
+        best = max(measured, key=lambda i: (self._value(state.outcomes[i]) or 0.0, -i))
+        return first - 1 if best == first and first > 0 and state.untried(first - 1) else None
+
+    def _value(self, outcome: TrialOutcome) -> float | None:
+        return outcome.objective if outcome.objective is not None else objective_value(self.objective, outcome.metrics)
 
     def _best_column(self, states: list[_ColumnState]) -> _ColumnState | None:
         best: tuple[float, _ColumnState] | None = None
