@@ -1,9 +1,8 @@
 """The Helm chart and manifests/ on the local cluster: install --wait, upgrade, RBAC per mode
 (checked with SubjectAccessReviews for the chart's ServiceAccount), and `kubectl apply` of manifests/.
 
-The local cluster's node agent runs pods as processes without service-account credentials, so the
-operator pod is given the cluster's `batchtune-operator` kubeconfig and that user is bound to the
-chart's own ClusterRole/Role: the operator runs with exactly the chart's rules, under another subject.
+The node agent hands each pod a token of its own ServiceAccount (as a kubeconfig), so the installed
+operator runs as the chart's ServiceAccount with exactly the chart's RBAC.
 The CRD comes from the session's `batchtuning_crd` fixture (crds.enabled=false): a CRD Helm did not
 create cannot be adopted by a release, and deleting the shared one would take every test's objects.
 """
@@ -24,7 +23,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "batchtune"
-OPERATOR_USER = "batchtune-operator"
 
 
 @pytest.fixture
@@ -52,9 +50,7 @@ def releases(helm, kubectl) -> Iterator[list[tuple[str, str]]]:
 
 
 def operator_env(cluster: lc.ClusterInfo) -> list[str]:
-    return ["--set", "operator.extraEnv[0].name=KUBECONFIG",
-            "--set", f"operator.extraEnv[0].value={cluster.operator_kubeconfig}",
-            "--set", "operator.tickSeconds=1"]
+    return ["--set", "operator.tickSeconds=1"]
 
 
 def can_i(kube, verb: str, resource: str, namespace: str | None, sa: str) -> bool:
@@ -88,9 +84,6 @@ def operator_pod(kube, namespace: str, release: str) -> dict:
 def test_install_wait_upgrade_and_the_operator_reconciles_under_chart_rbac(
         cluster, kube, kubectl, helm, releases, namespace, batchtuning_crd, wait_for):
     release = f"bt-{secrets.token_hex(3)}"
-    # Bound before the install, so the operator has the chart's rules from its first request.
-    kubectl("create", "clusterrolebinding", f"{release}-as-test-user", f"--clusterrole={release}-batchtune",
-            f"--user={OPERATOR_USER}")
     releases.append((release, namespace))
     done = helm("install", release, str(CHART), "-n", namespace, "--set", "crds.enabled=false",
                 *operator_env(cluster), "--wait", "--timeout", "180s")
