@@ -34,13 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"batchtune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # TODO(integration): drop once every command module exists
-            if exc.name != name:
-                raise
-            continue
-        module.add_parser(sub)
+        importlib.import_module(name).add_parser(sub)
     return parser
 
 

@@ -17,11 +17,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("twin", help="simulated vLLM on a GPU: what-if predictions and a stand-in server")
     twin_sub = parser.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND")
     for name in TWIN_COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # TODO(integration): drop once all twin modules exist
-            if exc.name != name:
-                raise
-            continue
-        module.add_parser(twin_sub)
+        importlib.import_module(name).add_parser(twin_sub)
     parser.set_defaults(func=lambda _args: parser.print_help() or 2)
