@@ -123,3 +123,9 @@ def test_trial_metrics_carry_the_peak_kv_usage_and_preemptions_over_all_steps(ob
     assert outcome.metrics["preemptionsPeakPerSecond"] == 1.5
     if objective == "SloCapacity":
         assert outcome.metrics["kvCacheUsagePercent"] == 60.0 and outcome.metrics["sloCapacityLoad"] == 12
+
+
+def test_production_selector_escapes_pod_names_for_regex_and_promql():
+    sel = tuning.production_selector(SPEC, 'ns"x', ["llm-1.a", "llm-2"])
+    assert sel == '{namespace="ns\\"x",pod=~"llm\\\\-1\\\\.a|llm\\\\-2"}'
+    assert tuning.production_selector(SPEC, "ns", []).endswith('pod=~"^$"}')

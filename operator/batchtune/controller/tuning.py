@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -595,10 +596,7 @@ def replicas_hint(prom: Prometheus, spec: BatchTuningSpec, namespace: str, pods:
     if not pods or not capacity:
         return None
     names = core.MetricNames.from_spec(spec.prometheus.metric_names)
-    labels = core.LabelNames.from_spec(spec.prometheus.labels, with_model=False)
-    regex = "|".join(_regex_escape(p) for p in pods)
-    selector = (f'{{{labels.namespace}="{core.escape_label_value(namespace)}",'
-                f'{labels.pod}=~"{core.escape_label_value(regex)}"}}')
+    selector = production_selector(spec, namespace, pods)
     peak = prom.scalar(f"max_over_time(sum(rate({names.request_success}{selector}[1m]))[1h:30s])")
     if peak is None or peak <= 0:
         return None
@@ -606,25 +604,19 @@ def replicas_hint(prom: Prometheus, spec: BatchTuningSpec, namespace: str, pods:
     return max(1, math.ceil(peak / usable))
 
 
-def _regex_escape(text: str) -> str:
-    import re
-
-    return re.escape(text)
-
-
-def production_selector(spec: BatchTuningSpec, namespace: str, pods: Sequence[str]) -> tuple[str, dict]:
+def production_selector(spec: BatchTuningSpec, namespace: str, pods: Sequence[str]) -> str:
+    """`{namespace="..",pod=~"a|b"}` for production's pods (regex-escaped, then PromQL-escaped)."""
     labels = core.LabelNames.from_spec(spec.prometheus.labels, with_model=False)
-    regex = "|".join(_regex_escape(p) for p in pods) or "^$"
-    sel = (f'{{{labels.namespace}="{core.escape_label_value(namespace)}",'
-           f'{labels.pod}=~"{core.escape_label_value(regex)}"}}')
-    return sel, {}
+    regex = "|".join(re.escape(p) for p in pods) or "^$"
+    return (f'{{{labels.namespace}="{core.escape_label_value(namespace)}",'
+            f'{labels.pod}=~"{core.escape_label_value(regex)}"}}')
 
 
 def production_metrics(prom: Prometheus, spec: BatchTuningSpec, namespace: str, pods: Sequence[str],
                        start: datetime, end: datetime) -> dict:
     """Production's SLO metrics over a window (all its pods together)."""
     names = core.MetricNames.from_spec(spec.prometheus.metric_names)
-    sel, _ = production_selector(spec, namespace, pods)
+    sel = production_selector(spec, namespace, pods)
     window = f"[{max(1, int((end - start).total_seconds()))}s]"
     q = int(spec.slo.percentile.value.lstrip("P")) / 100
     at = end.timestamp()
@@ -650,7 +642,7 @@ def production_metrics(prom: Prometheus, spec: BatchTuningSpec, namespace: str, 
 
 def production_workload(prom: Prometheus, spec: BatchTuningSpec, namespace: str, pods: Sequence[str]) -> dict | None:
     """Mean prompt and output lengths and the request rate production served over the last hour."""
-    sel, _ = production_selector(spec, namespace, pods)
+    sel = production_selector(spec, namespace, pods)
     if not pods:
         return None
     prompt = prom.scalar(f"sum(rate(vllm:request_prompt_tokens_sum{sel}[1h])) / "
