@@ -322,3 +322,42 @@ def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace,
     impossible = wait_phase(kube, namespace, "impossible", {"Failed", "Recommended"}, 240, operator)
     assert condition(impossible, "Failed")["reason"] == "NoFeasibleSetting"
     assert "spec.slo" in condition(impossible, "Failed")["message"]
+
+
+def test_spec_change_replans_and_deletion_during_verify_restores_production(kube, namespace, operator,
+                                                                            prometheus_url, wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    before = container_of(kube, namespace, "llm")
+    one = dict(strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
+               objective={"type": "OutputThroughput"},
+               load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4},
+               apply={"verifySeconds": 600, "cooldownSeconds": 0})
+    apply(kube, batchtuning(namespace, prometheus_url, searchSpace={"maxNumSeqs": {"values": [16]},
+                                                                    "gpuMemoryUtilizationPercent": [95]}, **one))
+    wait_for(lambda: (get_bt(kube, namespace, "tune").get("status") or {}).get("trials"), timeout=60,
+             what="the first trial")
+    # A new generation: the running trial goes, planning starts again with the new space.
+    kube.custom.patch_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "tune", {
+        "spec": {"searchSpace": {"maxNumSeqs": {"values": [32]}, "gpuMemoryUtilizationPercent": [95]}}})
+
+    def replanned():
+        status = get_bt(kube, namespace, "tune").get("status") or {}
+        trials = status.get("trials") or []
+        return status.get("observedGeneration") == 2 and trials and all(
+            t["setting"]["maxNumSeqs"] == 32 for t in trials)
+    wait_for(replanned, timeout=90, interval=0.5, what="planning again for generation 2")
+    traffic = Traffic(kube, namespace, "app=llm", rate=2)
+    traffic.start()
+    try:
+        wait_phase(kube, namespace, "tune", {"Verifying"}, 240, operator)
+        args_during = container_of(kube, namespace, "llm")["args"]
+        assert args_during[args_during.index("--max-num-seqs") + 1] == "32"
+        # Deleted mid-verify: the finalizer puts production back exactly.
+        kube.custom.delete_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "tune")
+        wait_for(lambda: not kube.custom.list_namespaced_custom_object(
+            "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"], timeout=60, what="deletion")
+    finally:
+        traffic.stop()
+    assert container_of(kube, namespace, "llm")["args"] == before["args"]
+    assert owned_objects(kube, namespace, "tune") == []
