@@ -234,6 +234,9 @@ def test_crd_lifecycle_keep_survives_uninstall(kube, kubectl, helm, releases, na
         assert kube.apiext.read_custom_resource_definition(batchtuning_crd).metadata.deletion_timestamp is None
         kube.custom.get_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "kept")
     finally:
+        # No operator ever handled it (no finalizer): delete it now rather than with the namespace later,
+        # so tests that list BatchTunings cluster-wide do not see it.
+        kubectl("-n", namespace, "delete", "batchtuning", "kept", "--ignore-not-found", "--wait=true", check=False)
         kubectl("annotate", "crd", batchtuning_crd, *(f"{k}-" for k in adopt), "helm.sh/resource-policy-",
                 check=False)
         kubectl("label", "crd", batchtuning_crd, "app.kubernetes.io/managed-by-", check=False)
