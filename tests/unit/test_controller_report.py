@@ -6,7 +6,7 @@ import csv
 import io
 import json
 
-from batchtune.controller.report import CSV_COLUMNS, curves_png, trials_csv, trials_json
+from batchtune.controller.report import CSV_COLUMNS, curves_png, curves_png_isolated, trials_csv, trials_json
 
 TRIALS = [
     {"name": "t-0", "state": "Done", "verdict": "Met", "verdictReason": "chosen",
@@ -35,3 +35,8 @@ def test_curves_image_is_a_png_even_with_unmeasured_trials():
     png = curves_png(TRIALS, chosen="t-0", knee_seqs=16, slo={"interTokenLatencyMilliseconds": 50})
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert curves_png([], chosen=None, knee_seqs=None, slo={})[:4] == b"\x89PNG"
+
+
+def test_isolated_render_gives_the_same_image():
+    png = curves_png_isolated(TRIALS, chosen="t-0", knee_seqs=16, slo={"interTokenLatencyMilliseconds": 50})
+    assert png == curves_png(TRIALS, chosen="t-0", knee_seqs=16, slo={"interTokenLatencyMilliseconds": 50})

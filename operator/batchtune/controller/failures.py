@@ -74,8 +74,12 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime,
     for cond in status.get("conditions") or []:
         if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
                 and cond.get("reason") == "Unschedulable"):
-            if _age_seconds(cond.get("lastTransitionTime") or created_at, now) >= UNSCHEDULABLE_GRACE_SECONDS:
-                return TrialFailure(FailureReason.UNSCHEDULABLE, cond.get("message") or "no node fits the pod")
+            message = cond.get("message") or "no node fits the pod"
+            # GPUs taken by other work is a wait (until the readiness timeout), not a verdict on the setting.
+            waiting_for_gpus = "insufficient nvidia.com/gpu" in message.lower()
+            if not waiting_for_gpus and _age_seconds(cond.get("lastTransitionTime") or created_at,
+                                                     now) >= UNSCHEDULABLE_GRACE_SECONDS:
+                return TrialFailure(FailureReason.UNSCHEDULABLE, message)
 
     for cs in status.get("containerStatuses") or []:
         if container and cs.get("name") != container:

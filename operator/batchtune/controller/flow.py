@@ -363,7 +363,9 @@ class Reconcile:
 
     def trial_pod(self, trial: dict) -> dict | None:
         pods = kube.list_pods(self.ns, tuning.trial_pod_selector(self.name, trial["index"]))
-        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        # A pod the node rejected (phase Failed) is replaced by its ReplicaSet; never judge by it.
+        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")]
         return max(pods, key=lambda p: p["metadata"]["creationTimestamp"]) if pods else None
 
     def deploying(self, trial: dict, target: dict, container: dict, dep_names: set[str]) -> None:
@@ -461,6 +463,8 @@ class Reconcile:
             current["attempt"] = 0
             return
         tuning.close_step(self.spec, current)
+        if self.next_load(trial) is None:
+            self.conclude(trial)  # the verdict in this tick, not the next
 
     def next_load(self, trial: dict) -> int | None:
         steps = trial.get("steps") or []

@@ -20,14 +20,25 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def load_config() -> None:
+    global _CLIENT
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    _CLIENT = None  # built from the configuration just loaded
+
+
+_CLIENT: client.ApiClient | None = None
 
 
 def _api() -> client.ApiClient:
-    return client.ApiClient()
+    # One client, one connection pool: a client per call opened a new TLS connection per request.
+    global _CLIENT
+    if _CLIENT is None:
+        cfg = client.Configuration.get_default_copy()
+        cfg.connection_pool_maxsize = 32  # one per reconcile worker thread
+        _CLIENT = client.ApiClient(cfg)
+    return _CLIENT
 
 
 def _sanitize(obj: Any) -> Any:
@@ -35,15 +46,15 @@ def _sanitize(obj: Any) -> Any:
 
 
 def apps() -> client.AppsV1Api:
-    return client.AppsV1Api()
+    return client.AppsV1Api(_api())
 
 
 def core() -> client.CoreV1Api:
-    return client.CoreV1Api()
+    return client.CoreV1Api(_api())
 
 
 def batch() -> client.BatchV1Api:
-    return client.BatchV1Api()
+    return client.BatchV1Api(_api())
 
 
 def get_deployment(namespace: str, name: str) -> dict | None:
@@ -145,7 +156,8 @@ def gpu_pods_on_nodes(node_names: set[str]) -> list[dict] | None:
         if exc.status == 403:
             return None
         raise
-    return [_sanitize(p) for p in pods if p.spec.node_name in node_names]
+    # Pending pods not yet bound count too: they are about to take GPUs on these nodes.
+    return [_sanitize(p) for p in pods if p.spec.node_name in node_names or not p.spec.node_name]
 
 
 def upsert_configmap(namespace: str, name: str, data: dict[str, str], binary: dict[str, str],
@@ -175,7 +187,7 @@ def read_secret_key(namespace: str, name: str, key: str) -> str:
 
 def get_batchtuning(namespace: str, name: str) -> dict | None:
     try:
-        return client.CustomObjectsApi().get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+        return client.CustomObjectsApi(_api()).get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
     except ApiException as exc:
         if exc.status == 404:
             return None

@@ -120,3 +120,28 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def curves_png_isolated(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_seqs: int | None,
+                        slo: Mapping[str, Any], percentile: str = "P95", title: str = "",
+                        timeout_s: float = 120) -> bytes:
+    """`curves_png` in a short-lived process: matplotlib's memory (~100-200 MB per render, never
+    returned to the OS) and CPU stay out of the long-running operator."""
+    import subprocess
+    import sys
+
+    request = json.dumps({"trials": list(trials), "chosen": chosen, "knee_seqs": knee_seqs, "slo": dict(slo),
+                          "percentile": percentile, "title": title}, default=str)
+    done = subprocess.run([sys.executable, "-m", "batchtune.controller.report"], input=request.encode(),
+                          capture_output=True, timeout=timeout_s, check=False)
+    if done.returncode != 0 or not done.stdout.startswith(b"\x89PNG"):
+        raise RuntimeError(f"rendering the curves failed: {done.stderr.decode(errors='replace')[-500:]}")
+    return done.stdout
+
+
+if __name__ == "__main__":
+    import sys
+
+    args = json.load(sys.stdin)
+    sys.stdout.buffer.write(curves_png(args["trials"], chosen=args["chosen"], knee_seqs=args["knee_seqs"],
+                                       slo=args["slo"], percentile=args["percentile"], title=args["title"]))

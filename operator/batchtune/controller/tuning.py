@@ -706,7 +706,7 @@ def report(spec: BatchTuningSpec, name: str, status: Mapping[str, Any], selectio
     trials = selection.trials
     summary = {"bestTrial": selection.best["name"] if selection.best else None, "reason": selection.reason,
                "knee": selection.knee}
-    png = report_mod.curves_png(trials, chosen=summary["bestTrial"],
+    png = report_mod.curves_png_isolated(trials, chosen=summary["bestTrial"],
                                 knee_seqs=(selection.knee or {}).get("maxNumSeqs"),
                                 slo=spec.slo.model_dump(by_alias=True), percentile=spec.slo.percentile.value,
                                 title=f"BatchTuning {name}")
@@ -715,6 +715,7 @@ def report(spec: BatchTuningSpec, name: str, status: Mapping[str, Any], selectio
 
 
 def free_gpus(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> int:
+    """GPUs the nodes offer less what pods hold or wait for (pending pods will take theirs)."""
     total = sum(int(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)) for n in nodes)
     used = 0
     for pod in pods:
