@@ -44,7 +44,7 @@ def next_load(steps: Sequence[LoadStep], bounds: SearchBounds) -> int | None:
         return _clamp(bounds.start, bounds)
     if not fails:
         best = max(passes, key=lambda s: s.load)
-        if best.load >= bounds.highest:
+        if best.load >= bounds.highest or best.margin <= bounds.resolution:
             return None
         # Extrapolate the margin to zero, growing at least 1.25x and at most 4x per step.
         estimate = _extrapolate(best, low=1.25, high=4.0)
@@ -57,6 +57,8 @@ def next_load(steps: Sequence[LoadStep], bounds: SearchBounds) -> int | None:
         candidate = _clamp(_extrapolate(worst, low=0.25, high=0.8), bounds)
         return None if candidate in tried else candidate
     low = max(passes, key=lambda s: s.load)
+    if low.margin <= bounds.resolution and any(s.load > low.load for s in fails):
+        return None  # the highest pass already sits within the resolution of the SLO
     high = min((s for s in fails if s.load > low.load), key=lambda s: s.load, default=None)
     if high is None:
         # A fail below a pass: noise. Trust the highest pass and probe just above it.
