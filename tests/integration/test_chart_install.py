@@ -114,6 +114,26 @@ def test_install_wait_upgrade_and_the_operator_reconciles_under_chart_rbac(
         "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"]), timeout=60,
         what="the operator to remove its finalizer")
 
+    # A real tuning run end to end under the chart's identity: twin-backed vLLM, one trial, a decision.
+    from operator_env import batchtuning, production
+
+    kube.apps.create_namespaced_deployment(namespace, production(namespace))
+    kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", batchtuning(
+        namespace, cluster.prometheus_url, name="real",
+        searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
+        strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1}, objective={"type": "OutputThroughput"},
+        load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, apply={"mode": "Recommend"}))
+
+    def decided():
+        bt = kube.custom.get_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "real")
+        return (bt.get("status") or {}).get("phase") in ("Recommended", "Failed") and bt
+    bt = wait_for(decided, timeout=240, interval=1, what="the chart's operator to finish a tuning")
+    assert bt["status"]["phase"] == "Recommended", json.dumps(bt["status"], indent=1)[-2000:]
+    assert kube.core.read_namespaced_config_map("real-report", namespace).binary_data["curves.png"]
+    kube.custom.delete_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "real")
+    wait_for(lambda: not kube.custom.list_namespaced_custom_object(
+        "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"], timeout=60, what="cleanup of 'real'")
+
     # Upgrade: a changed value rolls the operator (Recreate) and it comes back Ready.
     done = helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
                 "operator.tickSeconds=3", "--wait", "--timeout", "180s")
