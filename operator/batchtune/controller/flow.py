@@ -647,6 +647,7 @@ class Reconcile:
         self.set("applied", applied)
         metrics.ROLLBACKS.inc()
         text = f"Rolled production back to its previous args: {reason}: {message}"
+        self.log.warning("Rolled back %s: %s: %s", self.spec.target_ref.name if self.spec else "?", reason, message)
         self.phase("RolledBack", reason, text)
         self.condition("Degraded", True, reason, text)
         self.event("Warning", "RolledBack", text)
