@@ -7,10 +7,10 @@ PY := $(VENV)/bin/python
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml hack/localcluster/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -e hack/localcluster
 	touch $@
 
 # Kubernetes, etcd and helm, built once into ~/.cache/batchtune (cold: tens of minutes).

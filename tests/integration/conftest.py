@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from batchtune import localcluster as lc
+import batchtune_local as lc
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "batchtune.io_batchtunings.yaml"

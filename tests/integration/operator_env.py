@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
-from batchtune import localcluster as lc
+import batchtune_local as lc
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchtune import localcluster as lc
+import batchtune_local as lc
 
 pytestmark = pytest.mark.integration
 

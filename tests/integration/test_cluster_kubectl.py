@@ -31,7 +31,7 @@ def test_rbac_grant_reaches_the_operator_identity(kubectl, cluster, namespace, w
 
 
 def test_make_kubeconfig_gives_a_certificate_identity(kubectl, cluster):
-    from batchtune.localcluster import make_kubeconfig
+    from batchtune_local import make_kubeconfig
 
     path = make_kubeconfig(cluster, "alice", ("team-a",))
     whoami = json.loads(kubectl("auth", "whoami", "-o", "json", kubeconfig=path).stdout)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from batchtune import localcluster as lc
-from batchtune.localcluster import processes
+import batchtune_local as lc
+from batchtune_local import processes
 
 pytestmark = pytest.mark.integration
 

@@ -119,7 +119,7 @@ def pool(cluster, kube, tmp_path_factory) -> Iterator[Pool]:
     log = root / "agent.log"
     prefix = f"na-{pool_id}-"
     argv = [
-        sys.executable, "-m", "batchtune.nodeagent", "--kubeconfig", str(cluster.admin_kubeconfig),
+        sys.executable, "-m", "batchtune_local.nodeagent", "--kubeconfig", str(cluster.admin_kubeconfig),
         "--nodes", "2", "--gpus-per-node", "8", "--node-prefix", prefix, "--state-dir", str(root / "state"),
         "--node-label", f"{POOL_LABEL}={pool_id}", "--node-taint", f"{POOL_LABEL}={pool_id}:NoSchedule",
         "--image-map", str(image_map), "--metrics-address", f"127.0.0.1:{_free_port()}",

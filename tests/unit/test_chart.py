@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from batchtune.localcluster.binaries import KUBE_VERSION, binaries
+from batchtune_local.binaries import KUBE_VERSION, binaries
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "batchtune"

@@ -11,7 +11,7 @@ import socket
 import pytest
 import yaml
 
-from batchtune.localcluster import health, pki, processes, prometheus
+from batchtune_local import health, pki, processes, prometheus
 
 
 def test_wait_for_returns_the_first_truthy_value():
@@ -145,7 +145,7 @@ def test_free_ports_are_distinct():
     pytest.param(False, False, False, id="started-by-hand"),
 ])
 def test_detach_stops_only_a_test_started_cluster_nobody_uses(tmp_path, monkeypatch, owned, other_user_alive, stops):
-    from batchtune.localcluster import cluster
+    from batchtune_local import cluster
 
     stopped = []
     monkeypatch.setattr(cluster, "down", lambda state, log: stopped.append(state))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batchtune.gpu_activity import write_activity
-from batchtune.nodeagent.__main__ import _taint, build_parser
-from batchtune.nodeagent.agent import AgentConfig, NodeAgent, node_manifest
+from batchtune_local.nodeagent.__main__ import _taint, build_parser
+from batchtune_local.nodeagent.agent import AgentConfig, NodeAgent, node_manifest
 
 
 def test_node_manifest_has_gpus_labels_and_ready(tmp_path):
@@ -71,7 +71,7 @@ def test_sweep_kills_processes_of_pods_the_api_no_longer_has(tmp_path):
 
     from kubernetes import client
 
-    from batchtune.nodeagent.process import start_ticks
+    from batchtune_local.nodeagent.process import start_ticks
 
     class Core:
         def read_namespaced_pod(self, name, namespace, **_):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchtune.nodeagent.allocation import OutOfAddresses, allocate_gpus, allocate_ip, gpu_limit
-from batchtune.nodeagent.state import InsufficientGpus, StateStore
+from batchtune_local.nodeagent.allocation import OutOfAddresses, allocate_gpus, allocate_ip, gpu_limit
+from batchtune_local.nodeagent.state import InsufficientGpus, StateStore
 
 
 @pytest.mark.parametrize(

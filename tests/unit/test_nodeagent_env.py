@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from batchtune.nodeagent.env import EnvError, PodNetwork, expand, parse_quantity, resolve_env
+from batchtune_local.nodeagent.env import EnvError, PodNetwork, expand, parse_quantity, resolve_env
 
 POD = {
     "metadata": {"name": "web-0", "namespace": "team", "uid": "u-1", "labels": {"app": "web"},

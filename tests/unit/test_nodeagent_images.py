@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchtune.nodeagent.images import ImageMap, ImageNotMapped, ImageRule, load_image_map
+from batchtune_local.nodeagent.images import ImageMap, ImageNotMapped, ImageRule, load_image_map
 
 PY = "/venv/bin/python"
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from batchtune.nodeagent.logserver import LogServer, LogSource, ensure_certificate, select
+from batchtune_local.nodeagent.logserver import LogServer, LogSource, ensure_certificate, select
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import urllib.request
 
-from batchtune.nodeagent.metrics import GpuHolder, GpuSample, MetricsServer, gpu_uuid, pick_activity, render
-from batchtune.nodeagent.products import PRODUCTS, product_for_label
+from batchtune_local.nodeagent.metrics import GpuHolder, GpuSample, MetricsServer, gpu_uuid, pick_activity, render
+from batchtune_local.nodeagent.products import PRODUCTS, product_for_label
 
 H100 = PRODUCTS["NVIDIA-H100-80GB-HBM3"]
 BUSY = {"index": 0, "gpu_util_pct": 97.0, "sm_active": 0.62, "sm_occupancy": 0.31, "tensor_active": 0.2,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from batchtune.nodeagent.images import ImageMap, ImageRule
-from batchtune.nodeagent.pod import NodeSettings, PodWorker, backoff_s
-from batchtune.nodeagent.state import StateStore
+from batchtune_local.nodeagent.images import ImageMap, ImageRule
+from batchtune_local.nodeagent.pod import NodeSettings, PodWorker, backoff_s
+from batchtune_local.nodeagent.state import StateStore
 
 TEST_IMAGES = ImageMap((ImageRule("batchtune.test/*", ()),), ("test-map.yaml",))
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from batchtune.nodeagent.probes import ProbeKind, ProbeSpec, ProbeTracker, resolve_port, run_probe
+from batchtune_local.nodeagent.probes import ProbeKind, ProbeSpec, ProbeTracker, resolve_port, run_probe
 
 
 def test_readiness_needs_success_threshold_and_failure_threshold():

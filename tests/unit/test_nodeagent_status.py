@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchtune.nodeagent.status import (
+from batchtune_local.nodeagent.status import (
     ContainerView,
     Terminated,
     build_pod_status,

@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from batchtune.localcluster import health, pki, processes, prometheus
-from batchtune.localcluster.binaries import Binaries, require_binaries
-from batchtune.localcluster.processes import Managed
+from batchtune_local import health, pki, processes, prometheus
+from batchtune_local.binaries import Binaries, require_binaries
+from batchtune_local.processes import Managed
 
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-DEFAULT_IMAGE_MAP = Path(__file__).resolve().parents[3] / "hack" / "localcluster" / "images.yaml"
+DEFAULT_IMAGE_MAP = Path(__file__).resolve().with_name("images.yaml")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Component names in start order; `down` stops them in reverse.
 START_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "prometheus", "nodeagent")
@@ -47,7 +47,7 @@ class ClusterConfig:
     """Simulated durations in pods (model load, step times) are divided by this."""
     scrape_interval_s: float = 2.0
     node_agent: bool = True
-    """Start the node agent (only if the `batchtune.nodeagent` module exists)."""
+    """Start the node agent (only if the `batchtune_local.nodeagent` module exists)."""
     pod_network: str | None = None
     """Loopback CIDR for pod IPs (node agent default 127.1.0.0/16); give a second cluster another one."""
     image_map: Path | None = field(default_factory=lambda: DEFAULT_IMAGE_MAP if DEFAULT_IMAGE_MAP.exists() else None)
@@ -195,7 +195,7 @@ def _recovers(info: ClusterInfo, grace_s: float = 30.0) -> bool:
 
 
 def _node_agent_available() -> bool:
-    return importlib.util.find_spec("batchtune.nodeagent.__main__") is not None
+    return importlib.util.find_spec("batchtune_local.nodeagent.__main__") is not None
 
 
 def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
@@ -321,7 +321,7 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
 
         if with_agent:
             launch("nodeagent", [
-                sys.executable, "-m", "batchtune.nodeagent", "--kubeconfig", str(admin),
+                sys.executable, "-m", "batchtune_local.nodeagent", "--kubeconfig", str(admin),
                 "--nodes", str(config.nodes), "--gpus-per-node", str(config.gpus_per_node),
                 "--gpu-product", config.gpu_product,
                 "--metrics-address", f"127.0.0.1:{ports['gpu-metrics']}",

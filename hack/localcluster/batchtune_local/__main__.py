@@ -1,4 +1,4 @@
-"""`python -m batchtune.localcluster up|down|status|kubeconfig`: what hack/localcluster/* run."""
+"""`python -m batchtune_local up|down|status|kubeconfig`: what hack/localcluster/* run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from batchtune import localcluster as lc
+import batchtune_local as lc
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def _up(args: argparse.Namespace) -> int:
     else:
         print(f"Local cluster already up and healthy (state in {info.state_dir}).")
     if not info.config.get("node_agent"):
-        print("Note: no node agent (batchtune.nodeagent missing or --no-node-agent): no nodes, pods stay Pending.")
+        print("Note: no node agent (batchtune_local.nodeagent missing or --no-node-agent): no nodes, pods stay Pending.")
     print(f"""
   . {info.env_file}            # sets KUBECONFIG (admin), PROMETHEUS_URL, PATH (kubectl, helm)
   kubectl get nodes
@@ -75,7 +75,7 @@ def _kubeconfig(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m batchtune.localcluster",
+    parser = argparse.ArgumentParser(prog="python -m batchtune_local",
                                      description="The local Kubernetes cluster (loopback only).")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state-dir", type=Path, default=lc.default_state_dir(),
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--time-scale", type=float, default=1.0, help="divide simulated durations by this")
     up.add_argument("--scrape-interval", type=float, default=2.0, help="Prometheus scrape interval, seconds")
     up.add_argument("--pod-network", help="loopback CIDR for pod IPs (node agent default 127.1.0.0/16)")
-    up.add_argument("--image-map", type=Path, help="node agent image -> command rules (default hack/localcluster/images.yaml)")
+    up.add_argument("--image-map", type=Path, help="node agent image -> command rules (default hack/localcluster/batchtune_local/images.yaml)")
     up.add_argument("--no-node-agent", action="store_true", help="control plane and Prometheus only")
     up.add_argument("--keep-data", action="store_true", help="keep etcd/Prometheus data of the last run")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for each component")

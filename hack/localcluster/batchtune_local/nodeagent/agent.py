@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from batchtune.gpu_activity import read_activity
-from batchtune.nodeagent.images import ImageMap, load_image_map
-from batchtune.nodeagent.logserver import LogServer, LogSource, ensure_certificate
-from batchtune.nodeagent.metrics import GpuHolder, GpuSample, MetricsServer, pick_activity
-from batchtune.nodeagent.pod import BASE_ENV_KEYS, NodeSettings, PodWorker
-from batchtune.nodeagent.process import ContainerProcess
-from batchtune.nodeagent.products import product_for_label
-from batchtune.nodeagent.state import StateStore
+from batchtune_local.nodeagent.images import ImageMap, load_image_map
+from batchtune_local.nodeagent.logserver import LogServer, LogSource, ensure_certificate
+from batchtune_local.nodeagent.metrics import GpuHolder, GpuSample, MetricsServer, pick_activity
+from batchtune_local.nodeagent.pod import BASE_ENV_KEYS, NodeSettings, PodWorker
+from batchtune_local.nodeagent.process import ContainerProcess
+from batchtune_local.nodeagent.products import product_for_label
+from batchtune_local.nodeagent.state import StateStore
 
-log = logging.getLogger("batchtune.nodeagent")
+log = logging.getLogger("batchtune_local.nodeagent")
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"

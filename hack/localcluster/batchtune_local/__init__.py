@@ -1,6 +1,6 @@
 """The local Kubernetes cluster for tests and the demo: a real control plane on loopback.
 
-Public API (also driven by `hack/localcluster/{up,down,status}` via `python -m batchtune.localcluster`):
+Public API (also driven by `hack/localcluster/{up,down,status}` via `python -m batchtune_local`):
 
 - `up(ClusterConfig(...)) -> (ClusterInfo, started)`: start, or reuse the healthy cluster in the state dir.
 - `down(state_dir) -> ports_still_listening`: stop exactly the recorded processes, in reverse order.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batchtune.localcluster.binaries import MissingBinaries, binaries, require_binaries
-from batchtune.localcluster.cluster import (
+from batchtune_local.binaries import MissingBinaries, binaries, require_binaries
+from batchtune_local.cluster import (
     ClusterConfig,
     ClusterError,
     ClusterInfo,
@@ -30,7 +30,7 @@ from batchtune.localcluster.cluster import (
     load,
     up,
 )
-from batchtune.localcluster.health import Timeout, wait_for
+from batchtune_local.health import Timeout, wait_for
 
 
 def make_kubeconfig(info: ClusterInfo, user: str, groups: tuple[str, ...] = (), path: Path | None = None) -> Path:
@@ -38,7 +38,7 @@ def make_kubeconfig(info: ClusterInfo, user: str, groups: tuple[str, ...] = (), 
 
     The identity has only what RBAC grants it (plus system:authenticated), unless a group says otherwise.
     """
-    from batchtune.localcluster import pki
+    from batchtune_local import pki
 
     pki_dir = info.state_dir / "pki"
     cert, key = pki.issue_client_cert(pki_dir, binaries().openssl, user, groups)

@@ -1,4 +1,4 @@
-"""`python -m batchtune.nodeagent`: run the node agent until SIGTERM/SIGINT."""
+"""`python -m batchtune_local.nodeagent`: run the node agent until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import logging
 import sys
 from pathlib import Path
 
-from batchtune.nodeagent.products import PRODUCTS
+from batchtune_local.nodeagent.products import PRODUCTS
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m batchtune.nodeagent",
+        prog="python -m batchtune_local.nodeagent",
         description=(
             "Register GPU nodes with a Kubernetes API server and run the pods scheduled on them as "
             "local processes, each on its own loopback IP, with dcgm-exporter-style GPU metrics. "
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    from batchtune.nodeagent.agent import AgentConfig, NodeAgent
+    from batchtune_local.nodeagent.agent import AgentConfig, NodeAgent
 
     try:
         labels = dict(_key_value(text, "--node-label") for text in args.node_label)

@@ -1,6 +1,6 @@
 """A node agent standing in for kubelets: GPU nodes whose pods run as local processes.
 
-Run it as ``python -m batchtune.nodeagent --kubeconfig PATH --state-dir DIR``. See
+Run it as ``python -m batchtune_local.nodeagent --kubeconfig PATH --state-dir DIR``. See
 ``docs/node-agent.md`` for the process contract and what it leaves out compared to a kubelet.
 
 Public pieces: `AgentConfig` and `NodeAgent` (the agent), `ImageMap`/`load_image_map`
@@ -9,9 +9,9 @@ Public pieces: `AgentConfig` and `NodeAgent` (the agent), `ImageMap`/`load_image
 
 from __future__ import annotations
 
-from batchtune.nodeagent.images import ImageMap, ImageNotMapped, load_image_map
-from batchtune.nodeagent.metrics import render
-from batchtune.nodeagent.products import PRODUCTS, GpuProduct, product_for_label
+from batchtune_local.nodeagent.images import ImageMap, ImageNotMapped, load_image_map
+from batchtune_local.nodeagent.metrics import render
+from batchtune_local.nodeagent.products import PRODUCTS, GpuProduct, product_for_label
 
 __all__ = [
     "AgentConfig",
@@ -29,7 +29,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # The agent pulls in the kubernetes client; import it only when asked for.
     if name in ("AgentConfig", "NodeAgent"):
-        from batchtune.nodeagent import agent
+        from batchtune_local.nodeagent import agent
 
         return getattr(agent, name)
     raise AttributeError(name)

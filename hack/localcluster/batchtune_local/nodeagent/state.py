@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from batchtune.nodeagent.allocation import allocate_gpus, allocate_ip
+from batchtune_local.nodeagent.allocation import allocate_gpus, allocate_ip
 
 
 class StateStore:

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from batchtune.nodeagent.allocation import gpu_limit
-from batchtune.nodeagent.env import EnvError, PodNetwork, expand, resolve_env
-from batchtune.nodeagent.images import ImageMap, ImageNotMapped
-from batchtune.nodeagent.probes import ProbeKind, ProbeSpec, ProbeTracker, run_probe
-from batchtune.nodeagent.process import EXIT_UNKNOWN, ContainerProcess
-from batchtune.nodeagent.state import InsufficientGpus, StateStore
-from batchtune.nodeagent.status import (
+from batchtune_local.nodeagent.allocation import gpu_limit
+from batchtune_local.nodeagent.env import EnvError, PodNetwork, expand, resolve_env
+from batchtune_local.nodeagent.images import ImageMap, ImageNotMapped
+from batchtune_local.nodeagent.probes import ProbeKind, ProbeSpec, ProbeTracker, run_probe
+from batchtune_local.nodeagent.process import EXIT_UNKNOWN, ContainerProcess
+from batchtune_local.nodeagent.state import InsufficientGpus, StateStore
+from batchtune_local.nodeagent.status import (
     ContainerView,
     Terminated,
     build_pod_status,
@@ -31,7 +31,7 @@ from batchtune.nodeagent.status import (
     termination_reason,
 )
 
-log = logging.getLogger("batchtune.nodeagent")
+log = logging.getLogger("batchtune_local.nodeagent")
 
 MANAGED_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("batchtune.nodeagent")
+log = logging.getLogger("batchtune_local.nodeagent")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from batchtune.nodeagent.products import GpuProduct
+from batchtune_local.nodeagent.products import GpuProduct
 
 # (name, help) in dcgm-exporter's default-counters order; all gauges.
 FIELDS: tuple[tuple[str, str, str], ...] = (
