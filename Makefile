@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup venv binaries demo test test-unit test-integration cluster-up cluster-down clean
+.PHONY: setup venv binaries image demo test test-unit test-integration cluster-up cluster-down clean
 
 venv: $(VENV)/.installed
 
@@ -19,12 +19,17 @@ binaries:
 
 setup: venv binaries
 
+# The operator image as an OCI archive, out/batchtune-image.oci.tar, built without Docker (needs root).
+image:
+	hack/image/build
+
 # Build, start the local cluster, install the chart, tune a twin-backed vLLM Deployment, report.
 demo: setup
 	hack/demo/run
 
-# All tiers: unit tests, then integration tests on the local cluster (started if not running).
-test: setup
+# All tiers: unit tests, then integration tests on the local cluster (started if not running) and the
+# image's smoke test. The image is built first, before the cluster starts (a no-op when up to date).
+test: setup image
 	$(PY) -m pytest
 
 test-unit: venv
