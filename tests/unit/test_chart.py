@@ -155,7 +155,7 @@ def test_operator_binds_its_endpoints_to_the_pod_ip_and_probes_healthz():
     assert args[0] == "operator"
     assert "--liveness-address=$(POD_IP):8080" in args
     assert "--metrics-address=$(POD_IP):8081" in args
-    assert "--operator-image=ghcr.io/batchtune/batchtune:0.1.0" in args
+    assert "--operator-image=batchtune:0.1.0" in args
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     for probe in ("livenessProbe", "readinessProbe"):
@@ -169,9 +169,9 @@ def test_operator_binds_its_endpoints_to_the_pod_ip_and_probes_healthz():
     pytest.param((), [], ["--namespace="], id="cluster-wide-watches-all"),
     pytest.param(("metrics.enabled=false",), ["--metrics-address="], ["--metrics-address=$(POD_IP):8081"],
                  id="metrics-off"),
-    pytest.param(("image.tag=9.9.9",), ["--operator-image=ghcr.io/batchtune/batchtune:9.9.9"], [], id="tag"),
+    pytest.param(("image.tag=9.9.9",), ["--operator-image=batchtune:9.9.9"], [], id="tag"),
     pytest.param(("image.digest=sha256:" + "a" * 64,),
-                 ["--operator-image=ghcr.io/batchtune/batchtune@sha256:" + "a" * 64], [], id="digest-wins"),
+                 ["--operator-image=batchtune@sha256:" + "a" * 64], [], id="digest-wins"),
     pytest.param(("operator.loadGeneratorImage=example.com/lg:1",), ["--operator-image=example.com/lg:1"], [],
                  id="own-load-generator-image"),
     pytest.param(("operator.verbose=true", "operator.extraArgs={--tick-seconds=5}"),
@@ -186,8 +186,11 @@ def test_operator_args(sets, present, absent):
 
 
 def test_image_follows_tag_and_digest():
-    assert operator_container(render())["image"] == "ghcr.io/batchtune/batchtune:0.1.0"
-    assert operator_container(render("image.tag=1.2.3"))["image"] == "ghcr.io/batchtune/batchtune:1.2.3"
+    assert operator_container(render())["image"] == "batchtune:0.1.0"
+    assert operator_container(render("image.tag=1.2.3"))["image"] == "batchtune:1.2.3"
+    pushed = operator_container(render("image.repository=registry.example.com/batchtune"))
+    assert pushed["image"] == "registry.example.com/batchtune:0.1.0"
+    assert "--operator-image=registry.example.com/batchtune:0.1.0" in pushed["args"]
 
 
 # ---- RBAC ------------------------------------------------------------------------------
