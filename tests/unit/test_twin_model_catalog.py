@@ -153,7 +153,7 @@ def test_startup_log_lines() -> None:
 
 @pytest.mark.parametrize("kwargs,text", [
     pytest.param(dict(model="Llama-3.1-8B", gpu="L4"),
-                 "To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
+                 "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
                  "needed, which is larger than the available KV cache memory", id="max-model-len-does-not-fit"),
     pytest.param(dict(model="Llama-3.1-8B", gpu="L4", gpu_memory_utilization=0.5),
                  "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", id="no-kv"),

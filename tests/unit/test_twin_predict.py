@@ -77,7 +77,7 @@ def test_cli_table_and_startup_error_exit_code(capsys: pytest.CaptureFixture[str
                "--max-num-seqs", "32", "--gpu-memory-utilization", "0.9", "--input-len", "256", "--output-len", "64",
                "--rate", "2", "--duration", "10"])
     captured = capsys.readouterr()
-    assert rc == 1 and "models's max seq len (131072)" in captured.err
+    assert rc == 1 and "model's max seq len (131072)" in captured.err
 
 
 def test_cli_unknown_gpu_lists_known(capsys: pytest.CaptureFixture[str]) -> None:

@@ -121,7 +121,9 @@ def test_non_streaming_responses(path, body, reason, tokens):
 @pytest.mark.parametrize(
     ("body", "status", "match"),
     [
-        pytest.param({"prompt": "a b", "max_tokens": 5000}, 400, "maximum context length is 4096", id="too-long"),
+        pytest.param({"prompt": "a b", "max_tokens": 5000}, 400, "cannot be greater than max_model_len=4096",
+                     id="too-long"),
+        pytest.param({"prompt": "a " * 5000, "max_tokens": 5}, 400, "maximum context length is 4096", id="long-prompt"),
         pytest.param({"model": "other", "prompt": "a"}, 404, "`other` does not exist", id="unknown-model"),
         pytest.param({"prompt": "a", "max_tokens": 0}, 400, "max_tokens", id="zero-tokens"),
         pytest.param({"max_tokens": 3}, 400, "prompt", id="no-prompt"),
@@ -134,7 +136,7 @@ def test_bad_requests_get_openai_errors(body, status, match):
                 return resp.status, await resp.json()
 
     got, payload = run(go())
-    assert got == status and payload["object"] == "error" and match in payload["message"]
+    assert got == status and payload["error"]["code"] == status and match in payload["error"]["message"]
 
 
 def test_health_and_api_are_503_while_loading():
@@ -221,7 +223,7 @@ def test_startup_failure_exits_1_with_vllm_message(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     message = (tmp_path / "term").read_text()
-    assert message.startswith("ValueError: To serve at least one request with the models's max seq len (131072)")
+    assert message.startswith("ValueError: To serve at least one request with the model's max seq len (131072)")
     assert "Engine core initialization failed" in out
 
 

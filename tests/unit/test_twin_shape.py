@@ -56,7 +56,7 @@ def test_kv_exhaustion_brings_preemptions_and_lower_throughput() -> None:
 def test_setting_that_does_not_fit_fails_at_startup() -> None:
     p = predict(ServeConfig(model="Llama-3.1-8B", gpu="NVIDIA-L4"), Workload(512, 128, concurrency=8), 10)
     assert not p.ok and p.metrics == {}
-    assert "To serve at least one request with the models's max seq len (131072)" in (p.startup_error or "")
+    assert "To serve at least one request with the model's max seq len (131072)" in (p.startup_error or "")
     assert "startup_error" in p.as_dict() and "output_throughput" not in p.as_dict()
 
 

@@ -31,6 +31,11 @@ RUNTIME_FIXED_GIB = 0.15
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 
 
+def format_gib(num_bytes: float) -> str:
+    """vLLM's `format_gib`: GiB rounded to 2 decimals, printed as Python prints the float (`80.0`, `1.5`)."""
+    return f"{round(num_bytes / GIB, 2)}"
+
+
 class StartupFailure(Exception):
     """vLLM failed to start: `message` is vLLM's own text, `exc_type` the Python exception it raised."""
 
@@ -133,9 +138,13 @@ def check_config(cfg: ServeConfig) -> None:
     if cfg.max_model_len > m.max_model_len:
         raise StartupFailure(
             f"User-specified max_model_len ({cfg.max_model_len}) is greater than the derived max_model_len "
-            f"(max_position_embeddings={m.max_model_len} or model_max_length=None in model's config.json). "
+            # derived_max_model_len is a float for RoPE models (x the RoPE scaling factor): "4096.0"
+            f"(max_position_embeddings={float(m.max_model_len)} or model_max_length=None in model's config.json). "
             "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution.")
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative position "
+            "encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses absolute "
+            "position encoding, positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds "
+            "error.")
     if cfg.max_num_batched_tokens < cfg.max_num_seqs:
         raise StartupFailure(
             f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be greater than or equal to "
@@ -162,8 +171,8 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
     free_at_start = total - CUDA_CONTEXT_GIB * GIB
     if free_at_start < requested:
         raise StartupFailure(
-            f"Free memory on device cuda:0 ({free_at_start / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less "
-            f"than desired GPU memory utilization ({cfg.gpu_memory_utilization}, {requested / GIB:.2f} GiB). "
+            f"Free memory on device cuda:0 ({format_gib(free_at_start)}/{format_gib(total)} GiB) on startup is less "
+            f"than desired GPU memory utilization ({cfg.gpu_memory_utilization}, {format_gib(requested)} GiB). "
             "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
     weights = weight_bytes(cfg)
     if weights > free_at_start:
@@ -179,20 +188,22 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
     if available <= 0:
         raise StartupFailure(
             "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-            f"initializing the engine. See {DOCS_URL} for more details.")
+            "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite "
+            f"its name). See {DOCS_URL} for more details.")
     kv_per_token = cfg.kv_bytes_per_token
     block_bytes = kv_per_token * cfg.block_size
     num_blocks = int(available // block_bytes)
     needed = math.ceil(cfg.max_model_len / cfg.block_size) * block_bytes
     if needed > available:
         estimated = min(cfg.max_model_len - 1, num_blocks * cfg.block_size)
-        estimate_msg = (f" Based on the available memory, the estimated maximum model length is {estimated}."
+        estimate_msg = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
                         if estimated > 0 else "")
         raise StartupFailure(
-            f"To serve at least one request with the models's max seq len ({cfg.max_model_len}), "
-            f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({available / GIB:.2f} GiB).{estimate_msg} Try increasing `gpu_memory_utilization` or decreasing "
-            f"`max_model_len` when initializing the engine. See {DOCS_URL} for more details.")
+            f"To serve at least one request with the model's max seq len ({cfg.max_model_len}), "
+            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({format_gib(available)} GiB). {estimate_msg}Try increasing `gpu_memory_utilization` (which also "
+            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+            f"See {DOCS_URL} for more details.")
     kv_tokens = num_blocks * cfg.block_size
     fb_used = CUDA_CONTEXT_GIB * GIB + requested
     return MemoryPlan(

@@ -148,12 +148,18 @@ class _Activity:
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
+    """vLLM 0.32's error body: {"error": {"message", "type", "param", "code"}}. With `param`, the message ends
+    in vLLM's ` (parameter=NAME, value=VALUE)`."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None,
+                 value: Any = None):  # fmt: skip
+        if param is not None and value is not None:
+            message = f"{message} (parameter={param}, value={value})"
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.param = status, message, kind, param
 
     def response(self) -> web.Response:
-        body = {"object": "error", "message": self.message, "type": self.kind, "param": None, "code": self.status}
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
         return web.json_response(body, status=self.status)
 
 
@@ -438,7 +444,8 @@ class TwinServer:
             raise OpenAIError(400, "request body must be a JSON object")
         model = body.get("model")
         if model is not None and model not in (self.options.served_model_name, self.options.root_model):
-            raise OpenAIError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise OpenAIError(404, f"The model `{model}` does not exist. Valid aliases: "
+                              f"{self.options.served_model_name}.", "NotFoundError", param="model")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -454,32 +461,45 @@ class TwinServer:
                 text_tokens += count_text_tokens(content) if content.strip() else 0
             prompt_tokens = text_tokens + CHAT_TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + CHAT_TEMPLATE_TOKENS_FIXED
             key = "\n".join(joined)
+            token_ids = False
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
                 prompt = prompt[0]  # a batch of one
+            token_ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
             if isinstance(prompt, str):
                 prompt_tokens = count_text_tokens(prompt) if prompt.strip() else 1
                 key = prompt
-            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            elif token_ids:
                 prompt_tokens = len(prompt)
                 key = ",".join(map(str, prompt[:64]))
             else:
                 raise OpenAIError(400, "prompt: a string, or a list of token ids, is required (batches unsupported)")
-        raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        raw_max = body.get(max_param)
+        limit = self.max_model_len
         if raw_max is None:
-            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else self.max_model_len - prompt_tokens
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else limit - prompt_tokens
         elif isinstance(raw_max, int) and not isinstance(raw_max, bool) and raw_max >= 1:
             max_tokens = raw_max
         else:
-            raise OpenAIError(400, f"max_tokens must be at least 1, got {raw_max!r}.")
-        if prompt_tokens + max_tokens > self.max_model_len:
-            raise OpenAIError(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
-                "completion). Please reduce the length of the messages or completion.",
-            )
+            raise OpenAIError(400, f"{max_param} must be at least 1, got {raw_max!r}.", param=max_param, value=raw_max)
+        # vLLM 0.32: max_tokens alone over max-model-len is refused; a prompt over it is refused (a text prompt
+        # is tokenized up to max-model-len + 1 tokens, hence "at least"); prompt + max_tokens over it is not:
+        # max_tokens is lowered to what fits (finish_reason "length").
+        if max_tokens > limit:
+            raise OpenAIError(400, f"{max_param}={max_tokens} cannot be greater than max_model_len={limit}. "
+                              "Please request fewer output tokens.", param=max_param, value=max_tokens)  # fmt: skip
+        if prompt_tokens > limit:
+            shown, qualifier = (prompt_tokens, "") if token_ids else (limit + 1, "at least ")
+            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens. However, your prompt "
+                              f"contains {qualifier}{shown} input tokens, which exceeds this limit even without any "
+                              "output tokens. Please reduce the length of the input prompt.", param="input_tokens",
+                              value=shown)  # fmt: skip
+        max_tokens = min(max_tokens, limit - prompt_tokens)
+        if max_tokens < 1:
+            raise OpenAIError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens",
+                              value=max_tokens)  # fmt: skip
         stream = bool(body.get("stream", False))
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage", False)) if isinstance(options, dict) else False
