@@ -149,8 +149,8 @@ def test_printer_columns_point_at_fields_that_exist() -> None:
 def test_status_written_by_the_models_passes_the_crd() -> None:
     from datetime import datetime, timezone
 
-    from batchtune.api import (AppliedRecord, Condition, Knee, Phase, Recommendation, Setting, TrialMetrics,
-                               TrialRecord, TrialState, Verdict)
+    from batchtune.api import (AppliedRecord, Condition, ContainerArgs, Knee, LoadStepRecord, Phase, PrunedSetting,
+                               Reason, Recommendation, RunRecord, Setting, TrialRecord, TrialState, Verdict)
 
     now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     setting = Setting(max_num_seqs=64, gpu_memory_utilization_percent=90, max_num_batched_tokens=8192)
@@ -158,14 +158,32 @@ def test_status_written_by_the_models_passes_the_crd() -> None:
         observed_generation=2, phase=Phase.VERIFYING, trials_planned=3, trials_completed=1,
         conditions=[Condition(type="Progressing", status="True", reason="Verifying", last_transition_time=now)],
         trials=[TrialRecord(index=0, name="bt-trial-0", setting=setting, state=TrialState.DONE, started_at=now,
-                            metrics=TrialMetrics(itl_ms=float("nan"), output_throughput=1800.0, custom_ratio=0.5),
-                            verdict=Verdict.UNKNOWN, verdict_reason="itl missing")],
+                            metrics={"itlMs": float("nan"), "outputThroughput": 1800.0, "customRatio": 0.5,
+                                     "ttftMs": float("inf")},
+                            verdict=Verdict.UNKNOWN, verdict_reason="itl missing", reason=Reason.MEASURED,
+                            steps=[LoadStepRecord(load=8, results=[RunRecord(metrics={"itlMs": 20.0})]),
+                                   LoadStepRecord(load=4, metrics={"itlMs": 10.0}, verdict=Verdict.MET, margin=0.5)])],
+        pruned=[PrunedSetting(setting=setting, reason=Reason.DOES_NOT_FIT_MEMORY, message="no KV blocks",
+                              memory_reason=Reason.KV_CACHE_TOO_SMALL)],
         best_trial="bt-trial-0", best_setting=setting.summary(), knee=Knee(max_num_seqs=64, reason="flat"),
         recommendation=Recommendation(setting=setting, args=["--max-num-seqs", "64"], reason="best"),
-        applied=AppliedRecord(previous_args=["a"], new_args=["b"], applied_at=now),
+        applied=AppliedRecord(generation=2, target="llm", previous=ContainerArgs(args=["a"]),
+                              new=ContainerArgs(args=["b"]), before={"itlMs": 20.0}, applied_at=now),
     )
-    obj = yaml.safe_load((SAMPLES / "batchtuning-minimal.yaml").read_text()) | {"status": status.to_wire()}
+    wire = status.to_wire()
+    assert "itlMs" not in wire["trials"][0]["metrics"] and "ttftMs" not in wire["trials"][0]["metrics"]
+    obj = yaml.safe_load((SAMPLES / "batchtuning-minimal.yaml").read_text()) | {"status": wire}
     assert api_crd.validate(obj) == []
+
+
+def test_the_status_schema_is_generated_from_the_models() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "hack" / "gen-crd-status"), "--check"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_every_default_satisfies_the_cel_rules_at_its_level() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from batchtune.bench.evaluate import TrialProtocol, operator_trial
 from batchtune.bench.scenarios import Scenario
-from batchtune.bench.strategies.ours import slo_targets, to_outcome
+from batchtune.bench.strategies.ours import to_outcome
 from batchtune.bench.types import Knobs, Load, Reading, Slo, StartResult
 from batchtune.core.objective import Objective
 
@@ -43,8 +43,7 @@ def test_capacity_trial_carries_the_peak_over_its_load_steps() -> None:
     assert result.met and result.reading is not None
     assert result.reading.get("kv_cache_usage_pct") == 60.0  # the capacity step's own reading
     assert any(load > 12 for load in testbed.loads)
-    assert result.kv_usage_peak_pct == 99.0 and result.preemptions_peak_per_s == 2.5
-    outcome = to_outcome(result, CLOSED, slo_targets(CLOSED, 10), Objective.SLO_CAPACITY)
+    outcome = to_outcome(result, Objective.SLO_CAPACITY)
     assert outcome.metric("kvCacheUsagePercent") == 60.0
     assert outcome.metric("kvCacheUsagePeakPercent") == 99.0
     assert outcome.metric("preemptionsPeakPerSecond") == 2.5
@@ -56,7 +55,7 @@ def test_trial_with_no_passing_load_reports_its_lowest_step() -> None:
     result = operator_trial(testbed, CLOSED, Knobs(16, 90), protocol=TrialProtocol(headroom_pct=10))
     assert not result.met and result.reading is not None
     assert result.reading.load.value == min(testbed.loads)
-    outcome = to_outcome(result, CLOSED, slo_targets(CLOSED, 10), Objective.SLO_CAPACITY)
+    outcome = to_outcome(result, Objective.SLO_CAPACITY)
     assert outcome.metric("ttftMs") == 2000.0
 
 
@@ -73,22 +72,27 @@ def test_waiting_requests_on_a_closed_loop(load, running, waiting) -> None:
 
 
 def test_prefilter_prunes_enter_the_history_as_memory_failures() -> None:
-    # As the controller's `_core_plan`: a column cut short by memory must read as KV-bound to Adaptive.
-    from batchtune.bench.strategies.ours import learned_from_prefilter
-    from batchtune.core import REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH, REASON_KV_CACHE_TOO_SMALL
+    # As the operator (`core.search`): a column cut short by memory must read as KV-bound to Adaptive.
     from batchtune.core.planning import FitVerdict, SearchSpace, plan_candidates
+    from batchtune.core.search import learned_from_pruned
+    from batchtune.core.vocabulary import Reason
+    from batchtune.engines import VLLM
 
     def fit(s):
         if s.gpu_memory_utilization_percent == 98:
-            return FitVerdict(False, "Free memory on device cuda:0 (70 GiB) is less than desired")
+            text = "Free memory on device cuda:0 (70 GiB) is less than desired"
+            return FitVerdict(False, text, VLLM.classify_failure(text))
         if s.max_num_seqs >= 64:
-            return FitVerdict(False, "No available memory for the cache blocks")
+            text = "No available memory for the cache blocks"
+            return FitVerdict(False, text, VLLM.classify_failure(text))
         return FitVerdict(s.max_num_seqs < 32 or None, "")
 
-    plan = plan_candidates(SearchSpace((16, 32, 64), (90, 98)), fits=fit)
-    learned = dict(learned_from_prefilter(plan))
+    space = SearchSpace((16, 32, 64), (90, 98))
+    plan = plan_candidates(space, fits=fit)
+    learned = dict(learned_from_pruned(plan.pruned, set(plan_candidates(space).candidates)))
     assert {(s.max_num_seqs, s.gpu_memory_utilization_percent) for s in learned} == {(64, 90), (16, 98), (32, 98), (64, 98)}
-    assert {o.reason for s, o in learned.items() if s.gpu_memory_utilization_percent == 98} == {REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH}
+    assert {o.reason for s, o in learned.items() if s.gpu_memory_utilization_percent == 98} == \
+        {Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH}
     assert all(o.state.value == "Infeasible" for o in learned.values())
     assert next(o for s, o in learned.items() if s.max_num_seqs == 64 and s.gpu_memory_utilization_percent == 90).reason \
-        == REASON_KV_CACHE_TOO_SMALL
+        == Reason.KV_CACHE_TOO_SMALL

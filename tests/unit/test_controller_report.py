@@ -6,7 +6,7 @@ import csv
 import io
 import json
 
-from batchtune.controller.report import CSV_COLUMNS, curves_png, curves_png_isolated, trials_csv, trials_json
+from batchtune.report import CSV_COLUMNS, curves_png, curves_png_isolated, trials_csv, trials_json
 
 TRIALS = [
     {"name": "t-0", "state": "Done", "verdict": "Met", "verdictReason": "chosen",

@@ -14,37 +14,37 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
+from batchtune import API_GROUP, API_VERSION, KIND, PLURAL
 from batchtune.api.errors import MISSING, FieldError, InvalidBatchTuning, from_validation_error
 from batchtune.api.models import (
-    API_GROUP,
-    API_VERSION,
     API_VERSION_FULL,
-    KIND,
-    PLURAL,
+    AppliedRecord,
     ApplyMode,
     ApplySpec,
-    AppliedRecord,
     Baseline,
     BatchTuning,
     BatchTuningSpec,
     BatchTuningStatus,
     Condition,
     ConditionStatus,
-    ConditionType,
+    ContainerArgs,
+    EngineLimitsRecord,
     Generator,
     GpuLabels,
     Knee,
     LoadSpec,
+    LoadStepRecord,
     MaxNumSeqsSpec,
     MetricNames,
     ObjectiveSpec,
     ObjectiveType,
     ObjectMeta,
     Percentile,
-    Phase,
+    PlanRecord,
     PrometheusSpec,
     PrunedSetting,
     Recommendation,
+    RunRecord,
     SearchSpec,
     SecretKeyRef,
     Setting,
@@ -52,22 +52,23 @@ from batchtune.api.models import (
     StrategySpec,
     StrategyType,
     TargetRef,
-    TrialMetrics,
     TrialRecord,
     TrialSpec,
-    TrialState,
-    Verdict,
     VllmLabels,
+    WorkloadRecord,
 )
+from batchtune.core.verify import InconclusivePolicy
+from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
 
 __all__ = [
     "API_GROUP", "API_VERSION", "API_VERSION_FULL", "KIND", "PLURAL", "MISSING",
     "ApplyMode", "ApplySpec", "AppliedRecord", "Baseline", "BatchTuning", "BatchTuningSpec",
-    "BatchTuningStatus", "Condition", "ConditionStatus", "ConditionType", "FieldError", "Generator",
+    "BatchTuningStatus", "Condition", "ContainerArgs", "EngineLimitsRecord", "LoadStepRecord", "PlanRecord",
+    "WorkloadRecord", "ConditionStatus", "ConditionType", "FieldError", "Generator",
     "GpuLabels", "InvalidBatchTuning", "Knee", "LoadSpec", "MaxNumSeqsSpec", "MetricNames",
     "ObjectMeta", "ObjectiveSpec", "ObjectiveType", "Percentile", "Phase", "PrometheusSpec",
     "PrunedSetting", "Recommendation", "SearchSpec", "SecretKeyRef", "Setting", "SloSpec",
-    "StrategySpec", "StrategyType", "TargetRef", "TrialMetrics", "TrialRecord", "TrialSpec",
+    "StrategySpec", "StrategyType", "TargetRef", "RunRecord", "InconclusivePolicy", "Reason", "TrialRecord", "TrialSpec",
     "TrialState", "Verdict", "VllmLabels",
     "parse_batchtuning", "parse_spec", "parse_status", "load_file", "iter_documents",
 ]

@@ -29,10 +29,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-API_GROUP = "batchtune.io"
-API_VERSION = "v1alpha1"
-KIND = "BatchTuning"
-PLURAL = "batchtunings"
+from batchtune import API_GROUP, API_VERSION
+from batchtune.core.objective import Objective
+from batchtune.core.settings import Setting as CoreSetting
+from batchtune.core.verify import InconclusivePolicy
+from batchtune.core.vocabulary import Phase, Reason, TrialState, Verdict
+
 API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
 
 
@@ -57,17 +59,8 @@ class StrategyType(StrEnum):
     """Optuna's sampler over the search space."""
 
 
-class ObjectiveType(StrEnum):
-    """What "best" means among trials that meet every SLO."""
-
-    SLO_CAPACITY = "SloCapacity"
-    """The highest load a trial sustains while meeting every SLO (vLLM's serve_sla definition)."""
-    OUTPUT_THROUGHPUT = "OutputThroughput"
-    """Output tokens per second at the configured load."""
-    GPU_UTILIZATION = "GpuUtilization"
-    """GPU utilization (SM activity where available) at the configured load."""
-    TOKENS_PER_JOULE = "TokensPerJoule"
-    """Output tokens per joule of GPU energy at the configured load."""
+ObjectiveType = Objective
+"""What "best" means among trials that meet every SLO (the core's `Objective`)."""
 
 
 class Percentile(StrEnum):
@@ -102,63 +95,6 @@ class ApplyMode(StrEnum):
     """Write the recommendation and ready patches only; production is untouched."""
 
 
-class Phase(StrEnum):
-    """Where a BatchTuning is in its life."""
-
-    PENDING = "Pending"
-    PLANNING = "Planning"
-    TRIALING = "Trialing"
-    SELECTING = "Selecting"
-    APPLYING = "Applying"
-    VERIFYING = "Verifying"
-    SUCCEEDED = "Succeeded"
-    RECOMMENDED = "Recommended"
-    ROLLED_BACK = "RolledBack"
-    FAILED = "Failed"
-
-    @property
-    def terminal(self) -> bool:
-        """True once the operator takes no further step."""
-        return self in _TERMINAL_PHASES
-
-
-_TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.RECOMMENDED, Phase.ROLLED_BACK, Phase.FAILED})
-
-
-class TrialState(StrEnum):
-    """Where one trial is."""
-
-    PENDING = "Pending"
-    DEPLOYING = "Deploying"
-    WARMING = "Warming"
-    MEASURING = "Measuring"
-    DONE = "Done"
-    INFEASIBLE = "Infeasible"
-    FAILED = "Failed"
-
-    @property
-    def finished(self) -> bool:
-        """True for Done, Infeasible and Failed."""
-        return self in (TrialState.DONE, TrialState.INFEASIBLE, TrialState.FAILED)
-
-
-class Verdict(StrEnum):
-    """Whether a trial met the SLO. Missing data or NaN is Unknown, never Met."""
-
-    MET = "Met"
-    VIOLATED = "Violated"
-    UNKNOWN = "Unknown"
-
-
-class ConditionType(StrEnum):
-    """The condition types the operator sets."""
-
-    PROGRESSING = "Progressing"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    DEGRADED = "Degraded"
-
-
 class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"
@@ -181,8 +117,8 @@ PROM_METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 
-# The knobs batchtune owns; a fixed extra arg must not set them behind the search's back.
-TUNED_FLAG = re.compile(r"^--(max[-_]num[-_]seqs|gpu[-_]memory[-_]utilization|max[-_]num[-_]batched[-_]tokens)(=.*)?$")
+# One extra engine flag: --name or --name=value, spelled in full (no abbreviation, no underscores, no $(VAR)).
+EXTRA_ARG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[^\s$]+)?$")
 
 MAX_NUM_SEQS_LIMIT = 65536
 MAX_NUM_BATCHED_TOKENS_LIMIT = 16_777_216
@@ -197,13 +133,19 @@ def _no_duplicates(items: list[T]) -> list[T]:
     return items
 
 
-def _not_tuned_flag(arg: str) -> str:
-    if TUNED_FLAG.match(arg):
+def _allowed_extra_flag(arg: str) -> str:
+    # The same rule as the CRD's CEL: one flag per item, spelled in full, from the engine's allowed list.
+    from batchtune.engines.vllm import SAFE_EXTRA_FLAGS
+
+    if not EXTRA_ARG.match(arg):
         raise PydanticCustomError(
-            "tuned_flag",
-            "sets a knob batchtune tunes; list its candidates under searchSpace instead",
-            {"arg": arg},
-        )
+            "extra_arg_form", "must be one flag per item, --name or --name=value (no spaces, no $)", {"arg": arg})
+    name = arg.partition("=")[0][2:]
+    if name not in SAFE_EXTRA_FLAGS:
+        allowed = ", ".join("--" + f for f in sorted(SAFE_EXTRA_FLAGS))
+        raise PydanticCustomError(
+            "extra_arg_not_allowed",
+            "is not a flag a BatchTuning may add (allowed: {allowed})", {"allowed": allowed})
     return arg
 
 
@@ -223,7 +165,7 @@ def _nan_is_absent(value: Any) -> Any:
 MaxNumSeqs = Annotated[Int, Field(ge=1, le=MAX_NUM_SEQS_LIMIT)]
 GpuPercent = Annotated[Int, Field(ge=10, le=99)]
 BatchedTokens = Annotated[Int, Field(ge=16, le=MAX_NUM_BATCHED_TOKENS_LIMIT)]
-ExtraArg = Annotated[Str, Field(min_length=1, max_length=1024), AfterValidator(_not_tuned_flag)]
+ExtraArg = Annotated[Str, Field(min_length=3, max_length=1024, pattern=EXTRA_ARG.pattern), AfterValidator(_allowed_extra_flag)]
 Milliseconds = Annotated[Int, Field(ge=1, le=3_600_000)]
 MetricName = Annotated[Str, Field(min_length=1, max_length=256, pattern=PROM_METRIC_NAME)]
 LabelName = Annotated[Str, Field(min_length=1, max_length=128, pattern=PROM_LABEL_NAME)]
@@ -255,8 +197,10 @@ class _Spec(BaseModel):
 
 
 class _Status(BaseModel):
+    # Mutable: the reconcile works on one typed status per tick and writes what changed.
     model_config = ConfigDict(
-        frozen=True,
+        frozen=False,
+        validate_assignment=True,
         populate_by_name=True,
         alias_generator=camel,
         extra="ignore",
@@ -334,7 +278,9 @@ class SearchSpec(_Spec):
     ] | None = None
     """Candidates for --max-num-batched-tokens (the token budget of one scheduler step); unset: keep production's."""
     extra_args: Annotated[list[ExtraArg], Field(max_length=64)] | None = None
-    """Fixed vLLM arguments added to every trial, one token per item (e.g. "--enforce-eager")."""
+    """Fixed engine flags added to every trial (and so to production), one flag per item as --name or
+    --name=value (e.g. "--enforce-eager", "--max-model-len=4096"); only flags that change scheduling or
+    memory behaviour, never ones that load code, change identity or set a tuned knob."""
 
     def max_num_seqs_candidates(self) -> list[int]:
         """The --max-num-seqs candidates, ascending."""
@@ -352,6 +298,9 @@ class StrategySpec(_Spec):
     """Most trials that run at the same time (each holds the target's GPUs)."""
     seed: Annotated[Int, Field(ge=0, le=2_147_483_647)] = 0
     """Seed of every random choice, so the same history gives the same next trial."""
+    max_gpu_minutes: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
+    """GPU-minutes the trials may hold in all (GPUs x time); reached, the tuning decides on what it has.
+    Unset: the install's ceiling (Helm value maxGpuMinutesPerTuning); never above it."""
 
     @model_validator(mode="after")
     def _parallel_within_budget(self) -> StrategySpec:
@@ -421,10 +370,9 @@ class LoadSpec(_Spec):
     """Output length in tokens."""
     from_production: Bool = False
     """Derive token lengths (and the rate) from production's vLLM histograms instead of the fixed values."""
-    duration_seconds: Annotated[Int, Field(ge=1, le=86_400)] | None = None
-    """How long load runs; unset with numPrompts unset: warm-up plus the measurement window."""
     num_prompts: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
-    """Number of requests to send instead of a duration."""
+    """Requests to send per load run (then the run ends when they are answered) instead of running for
+    trial.measureSeconds after the warm-up."""
 
     @model_validator(mode="after")
     def _one_loop_one_length(self) -> LoadSpec:
@@ -432,9 +380,6 @@ class LoadSpec(_Spec):
         if self.concurrency is not None and self.requests_per_minute is not None:
             errors.append(("requestsPerMinute", self.requests_per_minute,
                            f"set concurrency or requestsPerMinute, not both (concurrency is {self.concurrency})"))
-        if self.duration_seconds is not None and self.num_prompts is not None:
-            errors.append(("numPrompts", self.num_prompts,
-                           f"set durationSeconds or numPrompts, not both (durationSeconds is {self.duration_seconds})"))
         _cross_field(errors)
         return self
 
@@ -445,7 +390,7 @@ class TrialSpec(_Spec):
     warmup_seconds: Annotated[Int, Field(ge=0, le=3600)] = 30
     """Load before measuring starts (fills caches, compiles graphs)."""
     measure_seconds: Annotated[Int, Field(ge=5, le=7200)] = 60
-    """Measurement window."""
+    """Measurement window of each load run, after the warm-up (the load runs warm-up plus this)."""
     readiness_timeout_seconds: Annotated[Int, Field(ge=10, le=7200)] = 900
     """How long a trial pod may take to become ready (model load) before it counts as failed."""
     repeats: Annotated[Int, Field(ge=1, le=10)] = 1
@@ -550,12 +495,27 @@ class ApplySpec(_Spec):
 
     mode: ApplyMode | None = None
     """Auto or Recommend; unset: Auto, except Recommend when Argo CD or Flux manages the target."""
-    verify_seconds: Annotated[Int, Field(ge=0, le=86_400)] = 300
-    """How long production is watched after a change before it counts as verified."""
+    verify_seconds: Annotated[Int, Field(ge=10, le=86_400)] = 300
+    """How long production is watched after a change, at least, before it counts as verified."""
+    verify_min_requests: Annotated[Int, Field(ge=1, le=10_000_000)] = 50
+    """Production requests the verify window must hold before it judges; a quieter production is waited for."""
+    verify_timeout_seconds: Annotated[Int, Field(ge=60, le=604_800)] = 3600
+    """How long after the rollout verify waits for verifyMinRequests; then onInconclusiveVerify decides."""
+    on_inconclusive_verify: InconclusivePolicy = InconclusivePolicy.KEEP
+    """Keep (the setting met the SLO in its trials) or RollBack, when production stayed too quiet to judge."""
     cooldown_seconds: Annotated[Int, Field(ge=0, le=2_592_000)] = 3600
     """Least time between two changes to production."""
     max_regression_percent: Annotated[Int, Field(ge=0, le=100)] = 10
-    """Throughput drop or latency rise tolerated during verification before rolling back, in percent."""
+    """Latency rise, error-rate rise or drop in the served share of offered requests tolerated during verification, in percent."""
+
+    @model_validator(mode="after")
+    def _timeout_covers_window(self) -> ApplySpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.verify_timeout_seconds < self.verify_seconds:
+            errors.append(("verifyTimeoutSeconds", self.verify_timeout_seconds,
+                           f"must be at least verifySeconds ({self.verify_seconds})"))
+        _cross_field(errors)
+        return self
 
 
 class BatchTuningSpec(_Spec):
@@ -605,52 +565,49 @@ class Condition(_Status):
 class Setting(_Status):
     """One point of the search space. Frozen, so hashable: usable as a dict key."""
 
+    model_config = ConfigDict(frozen=True)
+
     max_num_seqs: Annotated[int, Field(ge=1)]
     """--max-num-seqs."""
     gpu_memory_utilization_percent: Annotated[int, Field(ge=1, le=100)]
     """--gpu-memory-utilization in percent."""
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
-    """--max-num-batched-tokens; unset: vLLM's or production's value."""
+    """--max-num-batched-tokens; unset: the engine's or production's value."""
+
+    def core(self) -> CoreSetting:
+        """The core's value type for the same setting."""
+        return CoreSetting(self.max_num_seqs, self.gpu_memory_utilization_percent, self.max_num_batched_tokens)
+
+    @classmethod
+    def of(cls, setting: CoreSetting) -> Setting:
+        return cls(max_num_seqs=setting.max_num_seqs,
+                   gpu_memory_utilization_percent=setting.gpu_memory_utilization_percent,
+                   max_num_batched_tokens=setting.max_num_batched_tokens)
 
     def summary(self) -> str:
-        """Short form for printer columns and logs: "seqs=64 gpu=90%" (+ " tokens=8192")."""
-        text = f"seqs={self.max_num_seqs} gpu={self.gpu_memory_utilization_percent}%"
-        if self.max_num_batched_tokens is not None:
-            text += f" tokens={self.max_num_batched_tokens}"
-        return text
+        """Short form for printer columns and logs: "seqs=64 gmu=90%" (+ " mbt=8192")."""
+        return self.core().label()
 
 
-class TrialMetrics(_Status):
-    """What a trial measured. Latencies are at the SLO percentile; absent means unknown."""
+def _finite_metrics(value: Any) -> Any:
+    # JSON cannot carry NaN or inf, and unknown must read as absent, never as a number that passes.
+    if not isinstance(value, dict):
+        return value
+    return {k: float(v) for k, v in value.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
-    model_config = ConfigDict(extra="allow")
 
-    request_throughput: Metric = None
-    """Finished requests per second."""
-    output_throughput: Metric = None
-    """Output tokens per second."""
-    ttft_ms: Metric = None
-    """Time to first token, milliseconds."""
-    itl_ms: Metric = None
-    """Inter-token latency, milliseconds."""
-    e2e_ms: Metric = None
-    """End-to-end latency, milliseconds."""
-    gpu_util_percent: Metric = None
-    """DCGM GPU utilization, percent."""
-    sm_active_percent: Metric = None
-    """DCGM SM activity, percent."""
-    kv_cache_usage_percent: Metric = None
-    """vLLM KV-cache usage, percent."""
-    preemptions_per_second: Metric = None
-    """vLLM preemptions per second."""
-    power_watts: Metric = None
-    """GPU power draw, watts."""
-    error_rate_percent: Metric = None
-    """Failed requests, percent of all."""
-    slo_capacity: Metric = None
-    """Highest request rate (requests per second) sustained while meeting every SLO."""
-    tokens_per_joule: Metric = None
-    """Output tokens per joule of GPU energy."""
+Metrics = Annotated[dict[str, float], BeforeValidator(_finite_metrics)]
+"""Status metric keys (`batchtune.core.vocabulary.M`: ttftMs, outputThroughput, ...) -> finite numbers."""
+
+
+class RunRecord(_Status):
+    """One load run of a step (a repeat)."""
+
+    metrics: Metrics = Field(default_factory=dict)
+    """What the run measured (latencies at the SLO percentile, in milliseconds)."""
+    cross_check: str | None = None
+    """Where Prometheus and the load generator disagreed."""
 
 
 class LoadStepRecord(_Status):
@@ -664,42 +621,44 @@ class LoadStepRecord(_Status):
     """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
     job: str | None = None
     """Name of the current load-generator Job."""
-    results: list[dict[str, Any]] = Field(default_factory=list)
+    results: list[RunRecord] = Field(default_factory=list)
     """Per-repeat measurements, kept until the step is closed."""
-    metrics: dict[str, Any] | None = None
+    metrics: Metrics | None = None
     """The step's metrics (worst case over repeats)."""
     verdict: Verdict | None = None
-    """Met, Violated or Unknown against the SLO at this load."""
+    """Met, Violated or Unknown against the SLO at this load; unset while the step runs."""
     verdict_reason: str | None = None
     """Why, target by target."""
     margin: float | None = None
-    """Worst relative margin under the SLO limits (negative when exceeded)."""
+    """Worst relative margin under the SLO limits (negative when exceeded; unset when not measured)."""
     cross_check: str | None = None
     """Where Prometheus and the load generator's own numbers disagree."""
+    unavailable_since: datetime | None = None
+    """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
 
 
 class TrialRecord(_Status):
     """One trial: a setting, its progress and what it measured."""
 
     index: Annotated[int, Field(ge=0)]
-    """Position in the order trials were started."""
+    """Position in the order trials were started (never reused by the BatchTuning)."""
     name: Annotated[str, Field(min_length=1, max_length=253)]
     """Name of the trial Deployment (<bt>-trial-<index>)."""
     setting: Setting
     """The setting tried."""
     state: TrialState = TrialState.PENDING
     """Pending, Deploying, Warming, Measuring, Done, Infeasible or Failed."""
-    reason: str | None = None
-    """Why the trial is in its state, UpperCamelCase (e.g. OOMKilled, KVCacheTooSmall)."""
+    reason: Reason | None = None
+    """Why the trial is in its state (e.g. OOMKilled, KvCacheTooSmall, Measured)."""
     message: str | None = None
     """Human-readable detail."""
-    repeat: Annotated[int, Field(ge=0)] = 0
-    """Which repeat of the setting this is, from 0."""
+    gpus: Annotated[int, Field(ge=0)] = 0
+    """GPUs the trial pod holds."""
     started_at: datetime | None = None
-    """When the trial Deployment was created."""
+    """When the trial was decided (its Deployment is created right after)."""
     finished_at: datetime | None = None
     """When the trial reached Done, Infeasible or Failed."""
-    metrics: TrialMetrics | None = None
+    metrics: Metrics | None = None
     """What the trial measured."""
     verdict: Verdict | None = None
     """Met, Violated or Unknown against the SLO."""
@@ -708,24 +667,35 @@ class TrialRecord(_Status):
     pod_ip: str | None = Field(default=None, alias="podIP")
     """IP of the trial pod the load generator targets (Service routing is not assumed)."""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    """Port vLLM serves on in the trial pod."""
+    """Port the engine serves on in the trial pod."""
     ready_at: datetime | None = None
     """When the trial pod became ready."""
     steps: list[LoadStepRecord] = Field(default_factory=list)
     """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
 
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
 
 class Baseline(_Status):
     """Production's settings when tuning started."""
 
+    engine: str | None = None
+    """The engine production runs (vllm)."""
+    container_name: str | None = None
+    """The engine's container in production's pod template."""
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
-    """--max-num-seqs in production; unset: vLLM's default."""
+    """--max-num-seqs in production; unset: the engine's default."""
     gpu_memory_utilization_percent: Annotated[int, Field(ge=1, le=100)] | None = None
-    """--gpu-memory-utilization in production, percent; unset: vLLM's default."""
+    """--gpu-memory-utilization in production, percent; unset: the engine's default."""
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
-    """--max-num-batched-tokens in production; unset: vLLM's default."""
+    """--max-num-batched-tokens in production; unset: the engine's default."""
     args: list[str] = Field(default_factory=list)
-    """Production's vLLM container arguments as found."""
+    """Production's engine arguments as found."""
+    fingerprint: str | None = None
+    """Hash of what the trials clone from production's container (image, command, args, env, resources):
+    a different one means production changed under the tuning, and the measurements no longer hold."""
 
 
 class PrunedSetting(_Status):
@@ -733,8 +703,12 @@ class PrunedSetting(_Status):
 
     setting: Setting
     """The setting left out."""
-    reason: str
-    """Why (e.g. does not fit GPU memory, max-num-batched-tokens below max-num-seqs)."""
+    reason: Reason
+    """EngineInvariant (the engine would refuse it), DoesNotFitMemory (the twin's memory model) or Dominated."""
+    message: str = ""
+    """Why, in words (the engine's own message where it has one)."""
+    memory_reason: Reason | None = None
+    """For DoesNotFitMemory: what a start would have failed with (KvCacheTooSmall, GpuMemoryUtilizationTooHigh)."""
 
 
 class Knee(_Status):
@@ -761,7 +735,7 @@ class PlanRecord(_Status):
     """What planning found (re-planning from spec and this is deterministic)."""
 
     gpu_product: str | None = None
-    """The target's GPU (node label nvidia.com/gpu.product), when known."""
+    """The target's GPU (node label nvidia.com/gpu.product), when known; trials are pinned to it."""
     model: str | None = None
     """The model production serves."""
     served_model: str | None = None
@@ -784,7 +758,7 @@ class WorkloadRecord(_Status):
     output_tokens: Annotated[int, Field(ge=1)] | None = None
     """Mean generated tokens per request."""
     requests_per_minute: Annotated[int, Field(ge=1)] | None = None
-    """Production's request rate over the last hour."""
+    """Production's request rate over the lookback."""
     source: str | None = None
     """Where the numbers came from."""
 
@@ -804,7 +778,7 @@ class Recommendation(_Status):
     setting: Setting
     """The chosen setting."""
     args: list[str] = Field(default_factory=list)
-    """The vLLM container arguments with the setting applied."""
+    """The engine container's command line with the setting (and the trials' extra args) applied."""
     reason: str
     """Why this setting, in words."""
     json_patch: str | None = None
@@ -814,34 +788,34 @@ class Recommendation(_Status):
     helm_values: str | None = None
     """Helm values snippet, where the chart's layout is known."""
     replicas_hint: Annotated[int, Field(ge=1)] | None = None
-    """Replicas that would serve production's current load at this setting."""
+    """Replicas that serve production's observed peak request rate at this setting's SLO capacity."""
     container_name: str | None = None
-    """The vLLM container the setting applies to."""
+    """The engine container the setting applies to."""
     container: ContainerArgs | None = None
-    """The container's command and args with the setting applied."""
+    """The container's command and args with the setting applied (for display; apply recomputes them)."""
 
 
 class AppliedRecord(_Status):
-    """What was changed in production, and when."""
+    """What was changed in production, and when (the Deployment's batchtune.io/applied annotation mirrors it)."""
 
-    previous_args: list[str] = Field(default_factory=list)
-    """Container arguments before the change (restored on rollback)."""
-    new_args: list[str] = Field(default_factory=list)
-    """Container arguments after the change."""
+    generation: Annotated[int, Field(ge=0)] | None = None
+    """The BatchTuning generation that applied it."""
+    target: str | None = None
+    """The Deployment changed (a later spec may point elsewhere)."""
     previous: ContainerArgs | None = None
-    """The container's command and args before the change."""
+    """The container's command and args before the change (restored on rollback)."""
     new: ContainerArgs | None = None
     """The container's command and args after the change."""
-    before: dict[str, Any] | None = None
-    """Production's metrics over a window before the change."""
-    after: dict[str, Any] | None = None
-    """Production's metrics over the verify window."""
-    rollout_completed_at: datetime | None = None
-    """When the patched Deployment finished rolling out (the verify window starts here)."""
+    before: Metrics | None = None
+    """Production's figures over a window before the change."""
+    after: Metrics | None = None
+    """Production's figures over the verify window."""
     applied_at: datetime | None = None
     """When production was patched."""
+    rollout_completed_at: datetime | None = None
+    """When the patched Deployment finished rolling out (the verify window starts here)."""
     verified_at: datetime | None = None
-    """When the verify window passed without regression."""
+    """When the verify window passed without regression (or was kept by policy)."""
     rolled_back_at: datetime | None = None
     """When the change was rolled back."""
 
@@ -859,6 +833,10 @@ class BatchTuningStatus(_Status):
     """Trials the plan holds."""
     trials_completed: Annotated[int, Field(ge=0)] = 0
     """Trials finished (Done, Infeasible or Failed)."""
+    next_trial_index: Annotated[int, Field(ge=0)] = 0
+    """The index the next trial gets: trial names are never reused, not even across generations."""
+    gpu_minutes: Annotated[float, Field(ge=0)] = 0
+    """GPU-minutes the trials of this generation held (GPUs x time from decision to end)."""
     baseline: Baseline | None = None
     """Production's settings when tuning started."""
     pruned: list[PrunedSetting] = Field(default_factory=list)
@@ -878,7 +856,7 @@ class BatchTuningStatus(_Status):
     workload: WorkloadRecord | None = None
     """The workload derived from production's metrics (spec.load.fromProduction)."""
     applied: AppliedRecord | None = None
-    """What was changed in production (written before the patch, so rollback is exact)."""
+    """What was changed in production."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""

@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from batchtune.bench.loadsearch import exact_capacity
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.testbed import GroundTruth, derive_seed
-from batchtune.bench.types import Knobs, Load, Reading, Slo, Testbed
+from batchtune.bench.types import Knobs, Load, Reading, Testbed
+from batchtune.core import protocol as core_protocol
+from batchtune.core.objective import Objective, objective_value
+from batchtune.core.protocol import Conclusion, ProtocolConfig, RunResult
+from batchtune.core.settings import Setting
+from batchtune.core.vocabulary import M, Verdict
 
 
 @dataclass(frozen=True)
@@ -127,19 +131,32 @@ def _memory_failure(evaluation: Evaluation) -> bool:
 
 @dataclass(frozen=True)
 class TrialProtocol:
-    """How an operator-style trial measures a setting (the BatchTuning `spec.trial` defaults and the
-    controller's load search: at most 5 load steps, 10% resolution)."""
+    """How an operator-style trial measures a setting: the core's trial protocol (`core.protocol`) with the
+    BatchTuning `spec.trial` defaults, and the SLO headroom a strategy keeps (baselines keep none)."""
 
-    max_load_steps: int = 5
-    resolution: float = 0.1
+    max_load_steps: int = core_protocol.MAX_LOAD_STEPS
+    resolution: float = core_protocol.RESOLUTION
     headroom_pct: int = 0
     """Latency margin a pass needs (the core's SLO headroom); baselines use 0."""
     repeats: int = 1
 
+    def config(self, scenario: Scenario) -> ProtocolConfig:
+        from batchtune.bench.strategies.ours import slo_targets
+
+        capacity = scenario.objective == "capacity"
+        open_loop = scenario.load_kind == "request_rate"
+        fixed = None if capacity else _to_int_load(scenario.load.kind, scenario.load.value) if scenario.load else None
+        first = _to_int_load("request_rate", scenario.expected_rate) if capacity and open_loop else None
+        return ProtocolConfig(Objective.SLO_CAPACITY if capacity else Objective.OUTPUT_THROUGHPUT,
+                              slo_targets(scenario, self.headroom_pct),
+                              open_loop if capacity else bool(scenario.load and scenario.load.kind == "request_rate"),
+                              repeats=self.repeats, max_steps=self.max_load_steps, resolution=self.resolution,
+                              fixed_load=fixed, first_load=first)
+
 
 @dataclass(frozen=True)
 class TrialResult:
-    """One operator-style trial: start, warm up, then measure the objective under the SLO."""
+    """One operator-style trial: start, warm up, then the core's trial protocol on the simulated GPU."""
 
     knobs: Knobs
     started: bool
@@ -150,34 +167,17 @@ class TrialResult:
     reading: Reading | None
     failure: str | None = None
     steps: int = 0
-    kv_usage_peak_pct: float | None = None
-    """Highest KV-cache usage over the trial's load steps (the operator's `kvCacheUsagePeakPercent`)."""
-    preemptions_peak_per_s: float | None = None
-    """Highest preemption rate over the trial's load steps (`preemptionsPeakPerSecond`)."""
-
-
-def slo_margin(slo: Slo, metrics: Mapping[str, float] | None, headroom_pct: int = 0) -> float:
-    """Worst (limit - value) / limit over the SLO's keys, the limit less the headroom; >= 0 passes,
-    -inf when a metric is missing."""
-    if not metrics:
-        return -math.inf
-    worst = math.inf
-    for key, target in slo.limits.items():
-        value = metrics.get(key)
-        if value is None or not math.isfinite(value):
-            return -math.inf
-        limit = target * (100 - headroom_pct) / 100
-        worst = min(worst, (limit - value) / limit)
-    return worst
+    conclusion: Conclusion | None = None
+    """The core's conclusion (metrics as the operator's status holds them); None when it did not start."""
 
 
 def _to_int_load(kind: str, value: float) -> int:
-    # The controller's loads are integers: concurrency, or requests per minute for open-loop rates.
+    # The protocol's loads are integers: concurrency, or requests per minute for open-loop rates.
     return max(1, int(round(value))) if kind == "concurrency" else max(1, int(round(value * 60)))
 
 
-def _from_int_load(kind: str, load: int) -> Load:
-    return Load("concurrency", float(load)) if kind == "concurrency" else Load("request_rate", load / 60.0)
+def _from_int_load(open_loop: bool, load: int) -> Load:
+    return Load("request_rate", load / 60.0) if open_loop else Load("concurrency", float(load))
 
 
 def operator_trial(
@@ -188,85 +188,44 @@ def operator_trial(
     protocol: TrialProtocol = TrialProtocol(),
     neighbours: Sequence[TrialResult] = (),
 ) -> TrialResult:
-    """Start the setting and measure it as the operator does (controller `flow`/`tuning`): for SLO
-    capacity, the controller's load search, warm-started at the nearest finished trial's capacity load
-    (scaled by max-num-seqs on a closed loop), capped at twice the batch on a closed loop; the objective
-    is the request throughput at the highest passing load (`sloCapacity`)."""
-    from batchtune.controller.loadsearch import LoadStep, SearchBounds, capacity, next_load
+    """Start the setting and measure it exactly as the operator does: `core.protocol` decides every load
+    step (the capacity search warm-started at the nearest finished trial's capacity), combines repeats,
+    judges the SLO and concludes; the simulated GPU only serves the load and bills it."""
+    from batchtune.bench.strategies.ours import status_metrics
 
     start = testbed.start(knobs)
     if not start.ok:
         return TrialResult(knobs, False, 0.0, False, None, None, start.error)
-    dead: list[Reading] = []
-
-    def measure(load: Load) -> Reading:
-        # Repeats: each is billed and the worst reading decides (the controller's worst-case combine).
-        readings = []
-        for _ in range(protocol.repeats):
-            reading = testbed.run_load(load)
-            if not reading.ok:
-                dead.append(reading)
-                return reading
-            readings.append(reading)
-        return min(readings, key=lambda r: slo_margin(scenario.slo, r.metrics, protocol.headroom_pct))
-
-    if scenario.objective == "throughput":
-        assert scenario.load is not None
-        reading = measure(scenario.load)
-        if dead:
-            return TrialResult(knobs, True, 0.0, False, None, reading, reading.failure, 1)
-        met = slo_margin(scenario.slo, reading.metrics, protocol.headroom_pct) >= 0
-        value = reading.get("output_throughput", 0.0)
-        return TrialResult(knobs, True, value if met else 0.0, met, scenario.load if met else None, reading, None, 1)
-
-    kind = scenario.load_kind
-    bounds = SearchBounds(
-        start=_capacity_start(scenario, knobs, neighbours),
-        highest=10_000_000 if kind == "request_rate" else max(2, 2 * knobs.max_num_seqs),
-        max_steps=protocol.max_load_steps, resolution=protocol.resolution,
-    )
-    steps: list[LoadStep] = []
+    config = protocol.config(scenario)
+    setting = Setting(knobs.max_num_seqs, knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
+    found = core_protocol.neighbours_of([(Setting(r.knobs.max_num_seqs, r.knobs.gpu_memory_utilization_pct,
+                                                  r.knobs.max_num_batched_tokens), r.conclusion.metrics)
+                                         for r in neighbours if r.met and r.conclusion is not None])
+    driver = core_protocol.TrialDriver(setting, config, found)
     readings: dict[int, Reading] = {}
-    while (load := next_load(steps, bounds)) is not None:
-        reading = measure(_from_int_load(kind, load))
-        if dead:
-            # A setting that crashes under any tried load is no candidate, whatever passed before.
-            return TrialResult(knobs, True, 0.0, False, None, reading, reading.failure, len(steps) + 1)
-        margin = slo_margin(scenario.slo, reading.metrics, protocol.headroom_pct)
-        throughput = reading.get("request_throughput", 0.0)
-        steps.append(LoadStep(load, margin >= 0, margin if math.isfinite(margin) else -1e9, throughput))
-        readings[load] = reading
-    kv_peak, preemption_peak = _peak(readings.values(), "kv_cache_usage_pct"), _peak(readings.values(), "preemptions_per_s")
-    best = capacity(steps)
-    if best is None:
-        # The controller reports a trial with no passing load by its lowest load step.
+    while (load := driver.next_load()) is not None:
+        runs = []
+        for _ in range(config.repeats):
+            reading = testbed.run_load(_from_int_load(config.open_loop, load))
+            if not reading.ok:
+                # A setting that crashes under any tried load is no candidate, whatever passed before.
+                return TrialResult(knobs, True, 0.0, False, None, reading, reading.failure, len(driver.steps) + 1)
+            runs.append(RunResult(status_metrics(reading, scenario, config.slo.percentile)))
+            readings.setdefault(load, reading)
+        driver.record(load, runs)
+    conclusion = driver.conclude()
+    if conclusion.verdict is not Verdict.MET:
         lowest = readings[min(readings)] if readings else None
-        return TrialResult(knobs, True, 0.0, False, None, lowest, None, len(steps), kv_peak, preemption_peak)
-    reading = readings[best.load]
-    value = max(reading.get("request_throughput", 0.0), 0.0)
-    return TrialResult(knobs, True, value, True, _from_int_load(kind, best.load), reading, None, len(steps),
-                       kv_peak, preemption_peak)
-
-
-def _peak(readings, key: str) -> float | None:
-    values = [v for r in readings if math.isfinite(v := r.get(key))]
-    return max(values) if values else None
-
-
-def _capacity_start(scenario: Scenario, knobs: Knobs, neighbours: Sequence[TrialResult]) -> int:
-    """The controller's `capacity_start`."""
-    kind = scenario.load_kind
-    found = [
-        (abs(math.log2(r.knobs.max_num_seqs / knobs.max_num_seqs)), r.knobs.max_num_seqs, r.claimed_load.value)
-        for r in neighbours if r.met and r.claimed_load is not None
-    ]
-    if found:
-        _, their_seqs, cap = min(found)
-        scale = 1.0 if kind == "request_rate" else min(knobs.max_num_seqs / their_seqs, 2.0)
-        return max(1, int(_to_int_load(kind, cap) * max(scale, 0.5)))
-    if kind == "request_rate":
-        return _to_int_load(kind, scenario.expected_rate)
-    return max(1, knobs.max_num_seqs // 2)
+        return TrialResult(knobs, True, 0.0, False, None, lowest, None, conclusion.steps, conclusion)
+    value = objective_value(config.objective, conclusion.metrics) or 0.0
+    capacity_load = conclusion.metrics.get(M.SLO_CAPACITY_LOAD)
+    if config.searches_capacity and capacity_load is not None:
+        load = int(capacity_load)
+        claimed = _from_int_load(config.open_loop, load)
+        return TrialResult(knobs, True, max(value, 0.0), True, claimed, readings.get(load), None, conclusion.steps,
+                           conclusion)
+    return TrialResult(knobs, True, max(value, 0.0), True, scenario.load, next(iter(readings.values()), None), None,
+                       conclusion.steps, conclusion)
 
 
 @dataclass

@@ -8,8 +8,8 @@ to a fine tolerance. Tuning trials use the controller's own search instead (`eva
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from batchtune.bench.types import Load, LoadKind, Reading, Slo
 

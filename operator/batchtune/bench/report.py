@@ -6,7 +6,13 @@ import json
 from typing import Any
 
 from batchtune.bench.runner import (
-    BASELINE, GPU_MINUTES_RATIO_TARGET, RECHECK_REPEATS, REGRET_TARGET, BenchResult, ScenarioResult, StrategyRun,
+    BASELINE,
+    GPU_MINUTES_RATIO_TARGET,
+    RECHECK_REPEATS,
+    REGRET_TARGET,
+    BenchResult,
+    ScenarioResult,
+    StrategyRun,
 )
 
 

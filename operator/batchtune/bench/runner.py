@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from batchtune.bench.evaluate import Judge
 from batchtune.bench.oracle import OracleResult, regret, run_oracle
@@ -108,7 +109,7 @@ def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
 
 
 def _name(strategy: object) -> str:
-    return getattr(strategy, "label", None) or getattr(strategy, "name")
+    return getattr(strategy, "label", None) or strategy.name
 
 
 def run_scenario(

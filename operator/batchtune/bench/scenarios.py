@@ -106,7 +106,7 @@ class Scenario:
     def window_s(self) -> float:
         return self.sim_window_s or self.measure_s
 
-    def quick_variant(self) -> "Scenario":
+    def quick_variant(self) -> Scenario:
         """Cheaper to simulate: 20 s windows (enough turnovers for short outputs) and the oracle on the
         tuners' grid plus the midpoints of max-num-seqs."""
         seqs = sorted(set(self.tuner_space.max_num_seqs) | {

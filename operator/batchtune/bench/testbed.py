@@ -16,10 +16,10 @@ if TYPE_CHECKING:
 class GroundTruth(Protocol):
     """The model of vLLM on a GPU the benchmark runs against (the twin, or a synthetic one in tests)."""
 
-    def startup(self, scenario: "Scenario", knobs: Knobs) -> StartResult: ...
+    def startup(self, scenario: Scenario, knobs: Knobs) -> StartResult: ...
 
     def measure(
-        self, scenario: "Scenario", knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
+        self, scenario: Scenario, knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
         prompts: int | None = None,
     ) -> Reading:
         """One load step: a `duration_s` measured window, or with `prompts` a whole `vllm bench serve
@@ -63,7 +63,7 @@ def derive_seed(*parts: object) -> int:
 class SimTestbed:
     """A `Testbed` over a ground truth with seeded measurement noise and a cost ledger."""
 
-    scenario: "Scenario"
+    scenario: Scenario
     truth: GroundTruth
     seed: int
     noise: float

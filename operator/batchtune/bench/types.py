@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Protocol
+from typing import Literal, Protocol
 
 LoadKind = Literal["concurrency", "request_rate"]
 ObjectiveKind = Literal["capacity", "throughput"]
@@ -47,7 +48,7 @@ class Load:
         if not self.value > 0:
             raise ValueError(f"load value must be > 0, got {self.value} ({self.kind})")
 
-    def scaled(self, factor: float) -> "Load":
+    def scaled(self, factor: float) -> Load:
         value = self.value * factor
         if self.kind == "concurrency":
             value = float(max(1, math.floor(value)))

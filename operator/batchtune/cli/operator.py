@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from batchtune import __version__
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("operator", help="run the BatchTuning operator")
@@ -16,8 +18,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="host:port of the operator's own /metrics (default %(default)s; empty disables)")
     p.add_argument("--tick-seconds", type=float, default=float(os.environ.get("BATCHTUNE_TICK_SECONDS", "2")),
                    help="how often each BatchTuning is reconciled (default %(default)s)")
-    p.add_argument("--operator-image", default=os.environ.get("BATCHTUNE_IMAGE", "ghcr.io/batchtune/batchtune:0.1.0"),
+    p.add_argument("--operator-image", default=os.environ.get("BATCHTUNE_IMAGE", f"batchtune:{__version__}"),
                    help="image used for the builtin load generator Jobs (default %(default)s)")
+    p.add_argument("--allowed-load-image", action="append", default=[],
+                   help="an image spec.load.image may name besides the operator's own (repeatable)")
+    p.add_argument("--allowed-prometheus-url", action="append", default=[],
+                   help="a URL prefix spec.prometheus.url must start with (repeatable; none: any non-link-local URL)")
+    p.add_argument("--max-gpu-minutes", type=int, default=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
+                   help="ceiling on one BatchTuning's GPU-minutes (default %(default)s)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -31,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
     # The handlers module reads these at import (kopf fixes timer intervals at decoration time).
     os.environ["BATCHTUNE_TICK_SECONDS"] = str(args.tick_seconds)
     os.environ["BATCHTUNE_IMAGE"] = args.operator_image
-    from batchtune.controller import handlers, metrics  # noqa: F401  (registers the handlers)
+    os.environ["BATCHTUNE_CLUSTERWIDE"] = "false" if args.namespace else "true"
+    os.environ["BATCHTUNE_MAX_GPU_MINUTES"] = str(args.max_gpu_minutes)
+    if args.allowed_load_image:
+        os.environ["BATCHTUNE_ALLOWED_LOAD_IMAGES"] = ",".join(args.allowed_load_image)
+    if args.allowed_prometheus_url:
+        os.environ["BATCHTUNE_ALLOWED_PROMETHEUS_URLS"] = ",".join(args.allowed_prometheus_url)
+    from batchtune.controller import handlers, telemetry  # noqa: F401  # importing registers the handlers
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -41,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             lambda record: not record.getMessage().startswith("Timer 'reconcile' succeeded"))
     if args.metrics_address:
         host, _, port = args.metrics_address.rpartition(":")
-        metrics.serve(int(port), host or "127.0.0.1")
+        telemetry.serve(int(port), host or "127.0.0.1")
     namespaces = args.namespace
     asyncio.run(kopf.operator(
         standalone=True,

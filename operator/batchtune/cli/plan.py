@@ -27,16 +27,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _target_limits(path: str, container_name: str | None):  # type: ignore[no-untyped-def]
+def _target(path: str, container_name: str | None):  # type: ignore[no-untyped-def]
     import yaml
 
-    from batchtune.core import EngineLimits, find_vllm_container, read_vllm_settings
+    from batchtune.engines import find_engine_container
 
     with open(path) as fh:
         deployment = yaml.safe_load(fh) or {}
     pod_spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
-    invocation = read_vllm_settings(find_vllm_container(pod_spec, container_name))
-    return EngineLimits.from_flags(dict(invocation.flags)), invocation
+    engine, container = find_engine_container(pod_spec, container_name)
+    invocation = engine.read(container)
+    return engine, engine.limits(invocation), invocation
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,14 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from batchtune.api import InvalidBatchTuning, load_file
-    from batchtune.core import (
-        ArgsError,
-        EngineLimits,
-        SearchSpace,
-        SloTargets,
-        make_strategy,
-        plan_candidates,
-    )
+    from batchtune.core import EngineLimits, SearchSpace, SloTargets, plan_candidates
+    from batchtune.core.search import Search
+    from batchtune.engines import VLLM, ArgsError
 
     console = Console(highlight=False)
     status = 0
@@ -70,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
         for bt in tunings:
             spec = bt.spec
             title = f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}"
-            limits = EngineLimits()
+            engine, limits = VLLM, EngineLimits()
             if args.target:
                 try:
-                    limits, invocation = _target_limits(args.target, spec.target_ref.container_name)
+                    engine, limits, invocation = _target(args.target, spec.target_ref.container_name)
                 except (OSError, ArgsError) as exc:
                     print(f"{args.target}: {exc}")
                     status = 1
@@ -87,21 +83,31 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{title}: spec.searchSpace: {exc}")
                 status = 1
                 continue
-            plan = plan_candidates(space, limits)
+            problems = engine.check_extra_args(spec.search_space.extra_args or [])
+            if problems:
+                for problem in problems:
+                    print(f"{title}: spec.searchSpace.{problem}")
+                status = 1
+                continue
+
+            def invariant(setting, engine=engine, limits=limits):  # type: ignore[no-untyped-def]
+                return engine.invariant_violation(setting, limits)
+
+            plan = plan_candidates(space, invariant, limits=limits)
             extra = list(spec.search_space.extra_args or [])
             table = Table(title=f"{title}: {len(plan.candidates)} candidate(s)")
             table.add_column("#", justify="right")
             table.add_column("setting")
-            table.add_column("vLLM args")
+            table.add_column(f"{engine.display} args")
             for i, setting in enumerate(plan.candidates):
-                table.add_row(str(i), setting.label(), " ".join(setting.as_args() + extra))
+                table.add_row(str(i), setting.label(), " ".join(engine.setting_args(setting) + extra))
             console.print(table)
             if plan.pruned:
                 pruned = Table(title=f"pruned: {len(plan.pruned)}")
                 pruned.add_column("setting")
                 pruned.add_column("reason")
                 for p in plan.pruned:
-                    pruned.add_row(p.setting.label(), p.reason)
+                    pruned.add_row(p.setting.label(), f"{p.reason.value}: {p.message}")
                 console.print(pruned)
             for note in plan.notes:
                 console.print(f"note: {note}")
@@ -110,15 +116,13 @@ def run(args: argparse.Namespace) -> int:
                 status = 1
                 continue
             strategy_kind = getattr(spec.strategy.type, "value", spec.strategy.type)
-            strategy = make_strategy(
-                strategy_kind, plan, SloTargets.from_spec(spec.slo),
-                getattr(spec.objective.type, "value", spec.objective.type),
-                spec.strategy.seed, spec.strategy.max_trials,
-            )
+            search = Search.start(strategy_kind, space, invariant, plan.pruned, SloTargets.from_spec(spec.slo),
+                                  getattr(spec.objective.type, "value", spec.objective.type),
+                                  spec.strategy.seed, spec.strategy.max_trials)
             wanted = args.asks if args.asks is not None else max(3, spec.strategy.max_parallel_trials)
             asks = []
             for _ in range(wanted):
-                setting = strategy.ask([], pending=asks)
+                setting = search.ask([], pending=asks)
                 if setting is None:
                     break
                 asks.append(setting)

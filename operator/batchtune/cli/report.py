@@ -85,7 +85,7 @@ def name_of(bt: Mapping[str, Any]) -> str:
 
 
 def from_status(bt: Mapping[str, Any], missing: list[str]) -> dict[str, bytes]:
-    from batchtune.controller import report
+    from batchtune import report
 
     status = bt.get("status") or {}
     trials = status.get("trials") or []

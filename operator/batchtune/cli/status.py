@@ -271,7 +271,7 @@ def header(bt: Mapping[str, Any], now: datetime) -> Any:
                                    f"  (trial {status.get('bestTrial', '-')})"))
     pruned = status.get("pruned") or []
     if pruned:
-        sample = "; ".join(f"{setting_label(p.get('setting'))}: {p.get('reason', '')}" for p in pruned[:2])
+        sample = "; ".join(f"{setting_label(p.get('setting'))}: {p.get('message') or p.get('reason', '')}" for p in pruned[:2])
         lines.append(Text(f"pruned before any GPU was used: {len(pruned)} setting(s), e.g. {sample}", style="dim"))
     return Group(*lines)
 

@@ -1,6 +1,7 @@
-"""kopf wiring: one timer per BatchTuning takes the next step; status is the only checkpoint.
+"""kopf wiring: indexes fed by watches, one timer per BatchTuning that takes the next step, a finalizer.
 
-Run with `batchtune operator` or `kopf run -m batchtune.controller.handlers`.
+Run with `batchtune operator` (it sets the environment this module reads at import: kopf fixes a
+timer's interval and the set of watched resources when the decorators run).
 """
 
 from __future__ import annotations
@@ -9,19 +10,72 @@ import logging
 import os
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import kopf
 
 from batchtune import API_GROUP, API_VERSION, PLURAL
-from batchtune.controller import kube, metrics
-from batchtune.controller.flow import Reconcile, TERMINAL_PHASES, on_delete
+from batchtune.controller import kube, telemetry
+from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
+from batchtune.controller.ports import Install, Ports
+from batchtune.controller.prometheus import PrometheusReader
+from batchtune.controller.reconcile import on_delete, reconcile
+from batchtune.controller.reports import ReportQueue
+from batchtune.controller.tick import Tuning
+from batchtune.core.gpus import GPU_RESOURCE, pod_gpus
+from batchtune.core.manifests import (
+    COMPONENT_LOAD,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_TRIAL,
+    LABEL_TUNING,
+    MANAGED_BY,
+    label_value,
+)
+from batchtune.core.vocabulary import Phase, TrialState
+from batchtune.engines import ENGINES
 
-# Read at import: kopf fixes a timer's interval when the decorator runs.
 TICK_SECONDS = float(os.environ.get("BATCHTUNE_TICK_SECONDS", "2"))
+# Nodes and every namespace's GPU pods are watched only by a cluster-wide install (a namespaced one
+# cannot list them; then GPU accounting is left to the scheduler).
+CLUSTERWIDE = os.environ.get("BATCHTUNE_CLUSTERWIDE", "true") == "true"
+OURS = {LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def install_from_env() -> Install:
+    def listed(name: str) -> tuple[str, ...]:
+        return tuple(x for x in os.environ.get(name, "").split(",") if x)
+
+    from batchtune import __version__
+
+    return Install(
+        operator_image=os.environ.get("BATCHTUNE_IMAGE", f"batchtune:{__version__}"),
+        load_images=listed("BATCHTUNE_ALLOWED_LOAD_IMAGES"),
+        prometheus_urls=listed("BATCHTUNE_ALLOWED_PROMETHEUS_URLS"),
+        max_gpu_minutes=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
+        secret_label=os.environ.get("BATCHTUNE_SECRET_LABEL", "batchtune.io/prometheus-token"),
+        scrape_lag_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_LAG_SECONDS", "6")),
+        measurement_deadline_seconds=int(os.environ.get("BATCHTUNE_MEASUREMENT_DEADLINE_SECONDS", "600")),
+    )
+
+
+class PrometheusMetrics:
+    """`ports.Metrics`: a reader per BatchTuning and tick, counting queries in the operator's own metrics."""
+
+    def reader(self, url: str, token: str | None, ctx: Any, engine: Any) -> PrometheusReader:
+        return PrometheusReader(url, ctx, token=token, on_query=telemetry.PROMETHEUS_QUERIES.inc,
+                                on_error=telemetry.PROMETHEUS_ERRORS.inc,
+                                finished_reason_label=engine.metrics.finished_reason_label,
+                                error_reasons=engine.metrics.error_finish_reasons)
+
+
+INSTALL = install_from_env()
+REPORTS = ReportQueue()
+METRICS = PrometheusMetrics()
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_) -> None:
+def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
     # Our finalizer and bookkeeping annotations live under our own domain, not kopf's defaults.
     settings.persistence.finalizer = "batchtune.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="batchtune.io")
@@ -36,21 +90,96 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_) -> N
     # Reconcile steps call blocking clients; enough threads for many BatchTunings at once.
     settings.execution.max_workers = int(os.environ.get("BATCHTUNE_WORKERS", "16"))
     kube.load_config()
-    logger.info("Configured the operator (tick %.1fs)", TICK_SECONDS)
+    logger.info("Configured the operator (tick %.1fs, %s)", TICK_SECONDS,
+                "cluster-wide" if CLUSTERWIDE else "namespaced")
+
+
+# ---- indexes ----------------------------------------------------------------------------------
+
+
+@kopf.index("apps", "v1", "deployments", labels=OURS)
+def owned_deployments(namespace: str, name: str, meta: kopf.Meta, **_: Any) -> Any:
+    uid = owner_uid(meta)
+    return {(namespace, uid): {"name": name}} if uid else None
+
+
+@kopf.index("batch", "v1", "jobs", labels=OURS)
+def owned_jobs(namespace: str, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+    uid = owner_uid(meta)
+    return {(namespace, uid): {"name": name, "status": dict(status)}} if uid else None
+
+
+@kopf.index("v1", "pods", labels=OURS)
+def batchtune_pods(namespace: str, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
+    digest = pod_digest(body)
+    if labels.get(LABEL_COMPONENT) == COMPONENT_LOAD:
+        job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        return {(namespace, "job", job): digest} if job else None
+    return {(namespace, labels.get(LABEL_TUNING), labels.get(LABEL_TRIAL), labels.get(LABEL_COMPONENT)): digest}
+
+
+if CLUSTERWIDE:
+    @kopf.index("v1", "pods")
+    def gpu_pods(body: kopf.Body, **_: Any) -> Any:
+        digest = pod_digest(body)
+        return {"all": digest} if pod_gpus(digest) else None
+
+    @kopf.index("v1", "nodes")
+    def nodes(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> Any:
+        allocatable = (status.get("allocatable") or {})
+        return {"all": {"metadata": {"name": name, "labels": dict(labels)},
+                        "status": {"allocatable": {GPU_RESOURCE: allocatable.get(GPU_RESOURCE, "0")}}}}
+
+
+@kopf.index(API_GROUP, API_VERSION, PLURAL)
+def tuning_intents(namespace: str, name: str, uid: str, status: kopf.Status, **_: Any) -> Any:
+    # Trials a BatchTuning decided to start (Deploying): until their pods exist they hold no GPU yet.
+    intents = [{"namespace": namespace, "tuning": label_value(name), "index": t.get("index"), "gpus": t.get("gpus", 0)}
+               for t in status.get("trials") or [] if t.get("state") == TrialState.DEPLOYING and t.get("gpus")]
+    return {uid: intents} if intents else None
+
+
+def _indexes(kwargs: dict[str, Any]) -> Indexes:
+    return Indexes(kwargs["owned_deployments"], kwargs["owned_jobs"], kwargs["batchtune_pods"],
+                   kwargs.get("gpu_pods"), kwargs.get("nodes"), kwargs.get("tuning_intents"))
+
+
+def ports(kwargs: dict[str, Any]) -> Ports:
+    return Ports(KubeCluster(_indexes(kwargs), INSTALL.secret_label), METRICS, REPORTS, INSTALL, ENGINES)
+
+
+def tuning(body: kopf.Body) -> Tuning:
+    meta = body["metadata"]
+    return Tuning(meta["name"], meta["namespace"], meta["uid"], int(meta.get("generation") or 0),
+                  dict(body.get("spec") or {}), dict(body.get("status") or {}))
+
+
+# ---- the loop ---------------------------------------------------------------------------------
 
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
-def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_) -> None:
-    if (body.get("status") or {}).get("phase") in TERMINAL_PHASES and \
-            (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation"):
-        return
+def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
+    status = body.get("status") or {}
+    terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
+        status.get("observedGeneration") == body["metadata"].get("generation")
+    the_ports = ports(kwargs)
+    if terminal and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).deployments \
+            and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).jobs:
+        return  # nothing left to do or to clean up
     started = time.perf_counter()
     try:
-        Reconcile(body, patch, logger, datetime.now(timezone.utc)).run()
+        changes = reconcile(tuning(body), the_ports, datetime.now(timezone.utc), logger)
+        for key, value in changes.items():
+            patch.status[key] = value
     finally:
-        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        telemetry.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
 @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")
-def cleanup(body: kopf.Body, logger: kopf.Logger, **_) -> None:
-    on_delete(body, logger)
+def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
+    from batchtune.controller.ports import Conflict
+
+    try:
+        on_delete(tuning(body), ports(kwargs), datetime.now(timezone.utc), logger)
+    except Conflict as exc:
+        raise kopf.TemporaryError(f"production changed while restoring it: {exc}", delay=2) from None

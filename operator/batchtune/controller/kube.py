@@ -1,22 +1,38 @@
-"""Every call the operator makes to the Kubernetes API, in one place (official `kubernetes` client)."""
+"""The Kubernetes side of the ports (`ports.Cluster`), over kopf indexes and the official client.
+
+Owned Deployments and Jobs, batchtune's pods, GPU pods, nodes and other BatchTunings' GPU intents
+come from kopf indexes fed by watches (`handlers.py` declares them), so a tick lists nothing. The
+target Deployment is read fresh each tick (its resourceVersion is the precondition of every patch);
+production's pods, Services and an opted-in Secret are read when a phase needs them.
+"""
 
 from __future__ import annotations
 
-import json
+import base64
 import logging
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping
 
+import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from batchtune import API_GROUP, API_VERSION, PLURAL
+from batchtune import API_GROUP, API_VERSION, KIND
+from batchtune.controller.ports import Conflict, JobRun, NotAllowed, Owned
+from batchtune.core.manifests import (
+    COMPONENT_LOAD,
+    COMPONENT_TRIAL,
+    LABEL_COMPONENT,
+    LABEL_TRIAL,
+    LABEL_TUNING,
+    label_value,
+)
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "batchtune"
-TUNING_LABEL = "batchtune.io/tuning"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+_CLIENT: client.ApiClient | None = None
 
 
 def load_config() -> None:
@@ -28,10 +44,7 @@ def load_config() -> None:
     _CLIENT = None  # built from the configuration just loaded
 
 
-_CLIENT: client.ApiClient | None = None
-
-
-def _api() -> client.ApiClient:
+def api() -> client.ApiClient:
     # One client, one connection pool: a client per call opened a new TLS connection per request.
     global _CLIENT
     if _CLIENT is None:
@@ -42,157 +55,219 @@ def _api() -> client.ApiClient:
 
 
 def _sanitize(obj: Any) -> Any:
-    return _api().sanitize_for_serialization(obj)
+    return api().sanitize_for_serialization(obj)
 
 
-def apps() -> client.AppsV1Api:
-    return client.AppsV1Api(_api())
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def core() -> client.CoreV1Api:
-    return client.CoreV1Api(_api())
+# ---- what the indexes keep (small: only the fields the loop reads) ---------------------------
 
 
-def batch() -> client.BatchV1Api:
-    return client.BatchV1Api(_api())
+def owner_uid(meta: Mapping[str, Any]) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(API_GROUP + "/"):
+            return str(ref.get("uid"))
+    return None
 
 
-def get_deployment(namespace: str, name: str) -> dict | None:
-    try:
-        return _sanitize(apps().read_namespaced_deployment(name, namespace))
-    except ApiException as exc:
-        if exc.status == 404:
+def pod_digest(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    return {
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp")},
+        "spec": {"nodeName": spec.get("nodeName"),
+                 "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
+                                for c in spec.get("containers") or []]},
+        "status": {k: status.get(k) for k in ("phase", "podIP", "conditions", "containerStatuses")},
+    }
+
+
+@dataclass(frozen=True)
+class Indexes:
+    """kopf indexes, as handed to the timer (None: not declared in this install)."""
+
+    owned_deployments: Mapping[Any, Iterable[Any]]
+    owned_jobs: Mapping[Any, Iterable[Any]]
+    batchtune_pods: Mapping[Any, Iterable[Any]]
+    gpu_pods: Mapping[Any, Iterable[Any]] | None = None
+    nodes: Mapping[Any, Iterable[Any]] | None = None
+    tuning_intents: Mapping[Any, Iterable[Any]] | None = None
+
+
+class KubeCluster:
+    """`ports.Cluster` for a real API server."""
+
+    def __init__(self, indexes: Indexes, secret_label: str) -> None:
+        self.indexes = indexes
+        self.secret_label = secret_label
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(_sanitize(client.AppsV1Api(api()).read_namespaced_deployment(name, namespace)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def owned(self, namespace: str, tuning_uid: str) -> Owned:
+        key = (namespace, tuning_uid)
+        deployments = {d["name"]: d for d in self.indexes.owned_deployments.get(key, ())}
+        jobs = {j["name"]: j for j in self.indexes.owned_jobs.get(key, ())}
+        return Owned(deployments, jobs)
+
+    def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]:
+        return list(self.indexes.batchtune_pods.get((namespace, label_value(tuning), str(index), COMPONENT_TRIAL), ()))
+
+    def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
+        status = job.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+        failed = "Failed" in conditions
+        finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
+        ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
+            "lastTransitionTime")
+        message = None
+        if finished:
+            for pod in self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ()):
+                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                    terminated = (cs.get("state") or {}).get("terminated") or {}
+                    if terminated.get("message"):
+                        message = str(terminated["message"])
+        return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), message)
+
+    def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
+        text = selector_text(selector)
+        if text is None:
+            return []
+        pods = client.CoreV1Api(api()).list_namespaced_pod(namespace, label_selector=text).items
+        return [pod_digest(_sanitize(p)) for p in pods]
+
+    def nodes(self) -> list[dict[str, Any]] | None:
+        if self.indexes.nodes is None:
             return None
-        raise
+        return list(self.indexes.nodes.get("all", ()))
+
+    def gpu_pods(self) -> list[dict[str, Any]] | None:
+        if self.indexes.gpu_pods is None:
+            return None
+        return list(self.indexes.gpu_pods.get("all", ()))
+
+    def gpu_intents(self, exclude_uid: str) -> list[int]:
+        if self.indexes.tuning_intents is None:
+            return []
+        out = []
+        for uid, lists in self.indexes.tuning_intents.items():
+            if uid == exclude_uid:
+                continue
+            for intent in (i for intents in lists for i in intents):
+                pods = self.indexes.batchtune_pods.get(
+                    (intent["namespace"], intent["tuning"], str(intent["index"]), COMPONENT_TRIAL), ())
+                if not list(pods):
+                    out.append(int(intent["gpus"]))
+        return out
+
+    def services(self, namespace: str) -> list[dict[str, Any]]:
+        items = client.CoreV1Api(api()).list_namespaced_service(namespace).items
+        return [{"spec": {"selector": (s.spec.selector or {}) if s.spec else {}}} for s in items]
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        try:
+            secret = client.CoreV1Api(api()).read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                raise NotAllowed(f"spec.prometheus.authSecretRef: Secret {namespace}/{name} cannot be read "
+                                 f"(HTTP {exc.status}); the install grants Secret reads only in the namespaces it "
+                                 "lists (Helm value prometheus.authSecretNamespaces)") from None
+            raise
+        labels = (secret.metadata.labels or {}) if secret.metadata else {}
+        if labels.get(self.secret_label) != "true":
+            raise NotAllowed(f"spec.prometheus.authSecretRef: Secret {namespace}/{name} has not opted in to batchtune "
+                             f"(label {self.secret_label}: \"true\")")
+        data = (secret.data or {}).get(key)
+        if data is None:
+            raise NotAllowed(f"spec.prometheus.authSecretRef.key: Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data).decode()
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        kind, ns = obj["kind"], obj["metadata"]["namespace"]
+        try:
+            if kind == "Deployment":
+                client.AppsV1Api(api()).create_namespaced_deployment(ns, obj, field_manager=FIELD_MANAGER)
+            elif kind == "Job":
+                client.BatchV1Api(api()).create_namespaced_job(ns, obj, field_manager=FIELD_MANAGER)
+            elif kind == "ConfigMap":
+                client.CoreV1Api(api()).create_namespaced_config_map(ns, obj, field_manager=FIELD_MANAGER)
+            else:
+                raise ValueError(f"unsupported kind {kind!r}")
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            if kind == "Deployment":
+                client.AppsV1Api(api()).delete_namespaced_deployment(name, namespace, propagation_policy="Background",
+                                                                     grace_period_seconds=5)
+            elif kind == "Job":
+                client.BatchV1Api(api()).delete_namespaced_job(name, namespace, propagation_policy="Background")
+            else:
+                raise ValueError(f"unsupported kind {kind!r}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def patch_deployment(self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
+        if (patch.get("metadata") or {}).get("resourceVersion") != resource_version:
+            raise ValueError("a production patch must carry the resourceVersion it was decided on")
+        try:
+            result = client.AppsV1Api(api()).patch_namespaced_deployment(name, namespace, dict(patch),
+                                                                         field_manager=FIELD_MANAGER)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"Deployment {namespace}/{name} changed since resourceVersion {resource_version}") from None
+            raise
+        return dict(_sanitize(result))
+
+    def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None:
+        ref = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+               "metadata": {"name": name, "namespace": namespace, "uid": uid}}
+        kopf.event(ref, type=type_, reason=reason, message=message)
 
 
-def create_if_missing(obj: dict) -> bool:
-    """Creates a Deployment, Job or ConfigMap unless one of that name exists; True when created."""
-    kind, ns = obj["kind"], obj["metadata"]["namespace"]
+def selector_text(selector: Mapping[str, Any]) -> str | None:
+    """A label selector's text form (matchLabels and matchExpressions); None for an empty selector."""
+    parts = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In":
+            parts.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(str(key))
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+    return ",".join(parts) or None
+
+
+def upsert_configmap(body: Mapping[str, Any]) -> None:
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    core = client.CoreV1Api(api())
     try:
-        if kind == "Deployment":
-            apps().create_namespaced_deployment(ns, obj, field_manager=FIELD_MANAGER)
-        elif kind == "Job":
-            batch().create_namespaced_job(ns, obj, field_manager=FIELD_MANAGER)
-        elif kind == "ConfigMap":
-            core().create_namespaced_config_map(ns, obj, field_manager=FIELD_MANAGER)
-        else:
-            raise ValueError(f"unsupported kind {kind!r}")
-    except ApiException as exc:
-        if exc.status == 409:
-            return False
-        raise
-    return True
-
-
-def list_owned(namespace: str, tuning: str) -> tuple[list[dict], list[dict]]:
-    """Trial Deployments and load Jobs labelled as belonging to this BatchTuning."""
-    from batchtune.core.manifests import label_value
-
-    selector = f"{TUNING_LABEL}={label_value(tuning)}"
-    deployments = apps().list_namespaced_deployment(namespace, label_selector=selector).items
-    jobs = batch().list_namespaced_job(namespace, label_selector=selector).items
-    return [_sanitize(d) for d in deployments], [_sanitize(j) for j in jobs]
-
-
-def list_pods(namespace: str, selector: str) -> list[dict]:
-    return [_sanitize(p) for p in core().list_namespaced_pod(namespace, label_selector=selector).items]
-
-
-def delete_deployment(namespace: str, name: str) -> None:
-    _delete(lambda: apps().delete_namespaced_deployment(
-        name, namespace, propagation_policy="Background", grace_period_seconds=5))
-
-
-def delete_job(namespace: str, name: str) -> None:
-    _delete(lambda: batch().delete_namespaced_job(name, namespace, propagation_policy="Background"))
-
-
-def _delete(call) -> None:
-    try:
-        call()
+        core.replace_namespaced_config_map(name, ns, dict(body), field_manager=FIELD_MANAGER)
     except ApiException as exc:
         if exc.status != 404:
             raise
+        core.create_namespaced_config_map(ns, dict(body), field_manager=FIELD_MANAGER)
 
 
-def delete_owned(namespace: str, tuning: str) -> int:
-    deployments, jobs = list_owned(namespace, tuning)
-    for job in jobs:
-        delete_job(namespace, job["metadata"]["name"])
-    for dep in deployments:
-        delete_deployment(namespace, dep["metadata"]["name"])
-    return len(deployments) + len(jobs)
-
-
-def patch_container_args(namespace: str, deployment: str, container: str, command: list[str] | None,
-                         args: list[str] | None, annotations: dict[str, str | None]) -> dict:
-    """Sets one container's command/args (only those) and our annotations on the Deployment.
-
-    None removes the field (strategic merge), so a rollback restores an unset command exactly.
-    """
-    patch: dict[str, Any] = {
-        "metadata": {"annotations": annotations},
-        "spec": {"template": {"spec": {"containers": [{"name": container, "command": command, "args": args}]}}},
-    }
-    result = apps().patch_namespaced_deployment(deployment, namespace, patch, field_manager=FIELD_MANAGER)
-    return _sanitize(result)
-
-
-def nodes() -> list[dict] | None:
-    """All nodes, or None when our identity may not list them (namespaced install)."""
-    try:
-        return [_sanitize(n) for n in core().list_node().items]
-    except ApiException as exc:
-        if exc.status == 403:
-            return None
-        raise
-
-
-def gpu_pods_on_nodes(node_names: set[str]) -> list[dict] | None:
-    try:
-        pods = core().list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
-    except ApiException as exc:
-        if exc.status == 403:
-            return None
-        raise
-    # Pending pods not yet bound count too: they are about to take GPUs on these nodes.
-    return [_sanitize(p) for p in pods if p.spec.node_name in node_names or not p.spec.node_name]
-
-
-def upsert_configmap(namespace: str, name: str, data: dict[str, str], binary: dict[str, str],
-                     owner: dict, labels: dict[str, str]) -> None:
-    body = {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]},
-        "data": data, "binaryData": binary,
-    }
-    try:
-        core().replace_namespaced_config_map(name, namespace, body, field_manager=FIELD_MANAGER)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        core().create_namespaced_config_map(namespace, body, field_manager=FIELD_MANAGER)
-
-
-def read_secret_key(namespace: str, name: str, key: str) -> str:
-    import base64
-
-    secret = core().read_namespaced_secret(name, namespace)
-    data = (secret.data or {}).get(key)
-    if data is None:
-        raise KeyError(f"secret {namespace}/{name} has no key {key!r}")
-    return base64.b64decode(data).decode()
-
-
-def get_batchtuning(namespace: str, name: str) -> dict | None:
-    try:
-        return client.CustomObjectsApi(_api()).get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+__all__ = ["COMPONENT_LOAD", "FIELD_MANAGER", "Indexes", "KubeCluster", "LABEL_COMPONENT", "LABEL_TRIAL",
+           "LABEL_TUNING", "load_config", "owner_uid", "pod_digest", "selector_text", "upsert_configmap"]

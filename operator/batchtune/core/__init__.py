@@ -1,50 +1,22 @@
 """The tuning core: pure, typed functions with no I/O (the clock and the seed are passed in).
 
-    plan = plan_candidates(SearchSpace.from_spec(spec.search_space), limits, fits)
-    strategy = make_strategy("Adaptive", plan, SloTargets.from_spec(spec.slo), "SloCapacity", seed, max_trials)
-    setting = strategy.ask(history, pending)          # history: [(Setting, TrialOutcome), ...]
-    verdict = evaluate_slo(metrics, slo)              # Met only on finite numbers within limits
+    plan = plan_candidates(SearchSpace.from_spec(spec.search_space), invariant, fits)
+    search = Search.start("Adaptive", space, invariant, plan.pruned, slo, objective, seed, max_trials)
+    setting = search.ask(history, pending)            # history: [(Setting, TrialOutcome), ...]
+    load = protocol.next_load(steps, setting, neighbours, config)
+    step = protocol.close_step(load, runs, config)    # worst case over repeats, SLO verdict, margin
+    conclusion = protocol.conclude(steps, config)     # the trial's metrics, verdict, reason
     selection = select_best(trials, objective, slo)   # best, knee, reasons
+    result = verify.judge(slo, tolerance, before, after)
+
+Modules: `vocabulary` (the words), `settings`, `planning`, `strategies`, `search`, `protocol` (one
+trial), `measurement` (one load run's figures), `slo`, `objective`, `knee`, `selection`, `recommend`,
+`verify`, `gpus`, `pods`, `manifests`, `promql`, `gitops`. Engine specifics live in `batchtune.engines`.
 """
 
-from batchtune.core.args import (
-    ArgsError,
-    UnsafeShell,
-    VllmInvocation,
-    canonical_flag,
-    find_vllm_container,
-    parse_flag_list,
-    read_vllm_settings,
-    rewrite_vllm_args,
-    vllm_port,
-)
 from batchtune.core.knee import KNEE_GAIN_PERCENT, CurvePoint, Knee, curve_point, find_knee
-from batchtune.core.manifests import (
-    LABEL_COMPONENT,
-    LABEL_MANAGED_BY,
-    LABEL_TRIAL,
-    LABEL_TUNING,
-    LoadProfile,
-    build_load_job,
-    build_trial_deployment,
-    child_name,
-    load_job_name,
-    load_profile_from_spec,
-    owner_reference,
-    trial_name,
-)
 from batchtune.core.objective import Objective, objective_value
-from batchtune.core.outcomes import (
-    MEMORY_REASONS,
-    REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH,
-    REASON_KV_CACHE_TOO_SMALL,
-    REASON_OUT_OF_MEMORY,
-    History,
-    HistoryEntry,
-    TrialOutcome,
-    TrialState,
-    Verdict,
-)
+from batchtune.core.outcomes import History, HistoryEntry, TrialOutcome
 from batchtune.core.planning import (
     EngineLimits,
     FitCheck,
@@ -52,25 +24,18 @@ from batchtune.core.planning import (
     Plan,
     PrunedSetting,
     SearchSpace,
-    doublings,
     plan_candidates,
 )
-from batchtune.core.promql import LabelNames, MetricNames, escape_label_value, selector, trial_queries
 from batchtune.core.selection import CompletedTrial, Selection, select_best
 from batchtune.core.settings import Setting, percent_to_fraction
 from batchtune.core.slo import SloTargets, SloVerdict, evaluate_slo
 from batchtune.core.strategies import STRATEGIES, Adaptive, Bayesian, Grid, Strategy, make_strategy
+from batchtune.core.vocabulary import MEMORY_REASONS, M, Phase, Reason, TrialState, Verdict
 
 __all__ = [
-    "Adaptive", "ArgsError", "UnsafeShell", "Bayesian", "CompletedTrial", "CurvePoint", "EngineLimits", "FitCheck",
-    "FitVerdict", "Grid", "History", "HistoryEntry", "KNEE_GAIN_PERCENT", "Knee", "LABEL_COMPONENT",
-    "LABEL_MANAGED_BY", "LABEL_TRIAL", "LABEL_TUNING", "LabelNames", "LoadProfile", "MEMORY_REASONS",
-    "MetricNames", "Objective", "Plan", "PrunedSetting", "REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH",
-    "REASON_KV_CACHE_TOO_SMALL", "REASON_OUT_OF_MEMORY", "STRATEGIES", "SearchSpace", "Selection",
-    "Setting", "SloTargets", "SloVerdict", "Strategy", "TrialOutcome", "TrialState", "Verdict",
-    "VllmInvocation", "build_load_job", "build_trial_deployment", "canonical_flag", "child_name",
-    "curve_point", "doublings", "escape_label_value", "evaluate_slo", "find_knee", "find_vllm_container",
-    "load_job_name", "load_profile_from_spec", "make_strategy", "objective_value", "owner_reference",
-    "parse_flag_list", "percent_to_fraction", "plan_candidates", "read_vllm_settings", "rewrite_vllm_args",
-    "select_best", "selector", "trial_name", "trial_queries", "vllm_port",
+    "Adaptive", "Bayesian", "CompletedTrial", "CurvePoint", "EngineLimits", "FitCheck", "FitVerdict", "Grid",
+    "History", "HistoryEntry", "KNEE_GAIN_PERCENT", "Knee", "M", "MEMORY_REASONS", "Objective", "Phase", "Plan",
+    "PrunedSetting", "Reason", "STRATEGIES", "SearchSpace", "Selection", "Setting", "SloTargets", "SloVerdict",
+    "Strategy", "TrialOutcome", "TrialState", "Verdict", "curve_point", "evaluate_slo", "find_knee", "make_strategy",
+    "objective_value", "percent_to_fraction", "plan_candidates", "select_best",
 ]

@@ -6,11 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from batchtune.core.vocabulary import M
+
 KNEE_GAIN_PERCENT = 10.0
 """Below this throughput gain per doubling of max-num-seqs, a larger batch is not worth its latency."""
 
-THROUGHPUT_METRICS = ("outputThroughput", "requestThroughput")
-LATENCY_METRICS = ("e2eMs", "itlMs", "ttftMs")
+THROUGHPUT_METRICS = (M.OUTPUT_THROUGHPUT, M.REQUEST_THROUGHPUT)
+LATENCY_METRICS = (M.E2E_MS, M.ITL_MS, M.TTFT_MS)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,11 @@
-"""Trial Deployments and load-generator Jobs, built from the target as plain dicts (deterministic)."""
+"""Trial Deployments and load-generator Jobs, built from the target as plain dicts (deterministic).
+
+Names stay within Kubernetes' 63-character limit for any valid BatchTuning name. A trial pod never
+matches production: the labels production's Deployment selects on (matchLabels and the keys of
+matchExpressions) and every label by which a Service in the namespace would select it are removed. A
+trial runs on the GPU product production runs on. Load Jobs run under the `restricted` Pod Security
+profile with no ServiceAccount token: they only send HTTP to one trial pod.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,17 @@ import copy
 import hashlib
 import json
 import re
-import shlex
-from urllib.parse import urlsplit
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from urllib.parse import urlsplit
 
-from batchtune.core.args import find_vllm_container, rewrite_vllm_args
+from batchtune import API_GROUP, API_VERSION, KIND
+from batchtune.core.gpus import GPU_PRODUCT_LABEL
 from batchtune.core.settings import Setting
 
-API_VERSION = "batchtune.io/v1alpha1"
-KIND = "BatchTuning"
+if TYPE_CHECKING:
+    from batchtune.engines import Engine
+
 LABEL_TUNING = "batchtune.io/tuning"
 LABEL_TRIAL = "batchtune.io/trial"
 LABEL_COMPONENT = "batchtune.io/component"
@@ -23,13 +31,18 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "batchtune"
 ANNOTATION_SETTING = "batchtune.io/setting"
 ANNOTATION_ARGS = "batchtune.io/args"
+ANNOTATION_TARGET = "batchtune.io/target"
 TERMINATION_LOG = "/dev/termination-log"
 MAX_NAME = 63
+COMPONENT_TRIAL = "trial"
+COMPONENT_LOAD = "load"
 
 # Metadata the API server owns: a clone must not carry it.
 _SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields",
                   "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# The uid/gid of the load generator: any non-root id works under the restricted profile.
+LOADGEN_UID = 65532
 
 
 def _short_hash(text: str, n: int = 5) -> str:
@@ -42,6 +55,8 @@ def child_name(bt_name: str, suffix: str) -> str:
     if len(name) <= MAX_NAME:
         return name
     keep = MAX_NAME - len(suffix) - 7  # "-" + 5 hash chars + "-"
+    if keep < 1:
+        raise ValueError(f"child suffix {suffix!r} leaves no room for the BatchTuning name")
     return f"{bt_name[:keep].rstrip('-.')}-{_short_hash(bt_name)}-{suffix}"
 
 
@@ -49,8 +64,13 @@ def trial_name(bt_name: str, trial_index: int) -> str:
     return child_name(bt_name, f"trial-{trial_index}")
 
 
-def load_job_name(bt_name: str, trial_index: int, repeat: int = 0) -> str:
-    return child_name(bt_name, f"load-{trial_index}" + (f"-r{repeat}" if repeat else ""))
+def load_job_name(bt_name: str, trial_index: int, step: int, repeat: int, attempt: int) -> str:
+    """One Job per (trial, step, repeat, attempt): a retried run is a new object, never a reused one."""
+    return child_name(bt_name, f"trial-{trial_index}-s{step}r{repeat}a{attempt}")
+
+
+def report_name(bt_name: str) -> str:
+    return child_name(bt_name, "report")
 
 
 def label_value(text: str) -> str:
@@ -63,7 +83,7 @@ def label_value(text: str) -> str:
 
 def owner_reference(bt_name: str, bt_uid: str) -> dict[str, Any]:
     return {
-        "apiVersion": API_VERSION, "kind": KIND, "name": bt_name, "uid": bt_uid,
+        "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": bt_name, "uid": bt_uid,
         "controller": True, "blockOwnerDeletion": True,
     }
 
@@ -77,40 +97,56 @@ def trial_labels(bt_name: str, trial_index: int, component: str) -> dict[str, st
     }
 
 
+def trial_pod_selector(bt_name: str, trial_index: int) -> dict[str, str]:
+    return {LABEL_TUNING: label_value(bt_name), LABEL_TRIAL: str(trial_index), LABEL_COMPONENT: COMPONENT_TRIAL}
+
+
+def _selector_keys(selector: Mapping[str, Any]) -> set[str]:
+    keys = set((selector.get("matchLabels") or {}).keys())
+    keys |= {str(e.get("key")) for e in selector.get("matchExpressions") or [] if e.get("key")}
+    return keys
+
+
 def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def isolated_labels(pod_labels: Mapping[str, str], deployment_selector: Mapping[str, Any],
+                    service_selectors: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    """The pod labels less every label production's Deployment or any Service could select the pod by."""
+    labels = {k: v for k, v in pod_labels.items() if k not in _selector_keys(deployment_selector)}
+    changed = True
+    while changed:  # removing one Service's keys never makes another match, but be exact anyway
+        changed = False
+        for sel in service_selectors:
+            if _matches(sel, labels):
+                for key in sel:
+                    labels.pop(key, None)
+                changed = True
+    return labels
+
+
 def build_trial_deployment(
+    engine: Engine,
     target: Mapping[str, Any],
+    container: Mapping[str, Any],
     bt_name: str,
     bt_uid: str,
     namespace: str,
     trial_index: int,
     setting: Setting,
     extra_args: Sequence[str] = (),
-    container_name: str | None = None,
     service_selectors: Sequence[Mapping[str, str]] = (),
+    gpu_product: str | None = None,
 ) -> dict[str, Any]:
-    """One-replica Deployment running the target's pod template with the setting's vLLM flags.
-
-    Production Services must never send traffic to a trial: the target's selector labels are
-    dropped from the pod labels, and so is every label of any `service_selectors` entry (the
-    namespace's Service selectors, when the caller knows them) that would still match.
-    """
+    """One-replica Deployment running the target's pod template with the setting's engine flags."""
     spec = target.get("spec") or {}
     template = copy.deepcopy(spec.get("template") or {})
     pod_meta = template.setdefault("metadata", {})
     for key in _SERVER_FIELDS + ("name", "namespace"):
         pod_meta.pop(key, None)
-    labels = dict(pod_meta.get("labels") or {})
-    for key in (spec.get("selector") or {}).get("matchLabels") or {}:
-        labels.pop(key, None)
-    for sel in service_selectors:
-        if _matches(sel, labels):
-            for key in sel:
-                labels.pop(key, None)
-    own = trial_labels(bt_name, trial_index, "trial")
+    labels = isolated_labels(pod_meta.get("labels") or {}, spec.get("selector") or {}, service_selectors)
+    own = trial_labels(bt_name, trial_index, COMPONENT_TRIAL)
     labels.update(own)
     pod_meta["labels"] = labels
     annotations = dict(pod_meta.get("annotations") or {})
@@ -118,9 +154,11 @@ def build_trial_deployment(
     pod_meta["annotations"] = annotations
 
     pod_spec = template.setdefault("spec", {})
-    chosen = find_vllm_container(pod_spec, container_name)
-    rewritten = rewrite_vllm_args(chosen, setting, extra_args)
-    pod_spec["containers"] = [rewritten if c.get("name") == chosen.get("name") else c for c in pod_spec.get("containers", [])]
+    rewritten = engine.rewrite(container, setting, extra_args)
+    pod_spec["containers"] = [rewritten if c.get("name") == container.get("name") else c
+                              for c in pod_spec.get("containers", [])]
+    if gpu_product:
+        pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), GPU_PRODUCT_LABEL: gpu_product}
 
     selector = {LABEL_TUNING: own[LABEL_TUNING], LABEL_TRIAL: own[LABEL_TRIAL]}
     target_meta = target.get("metadata") or {}
@@ -133,8 +171,8 @@ def build_trial_deployment(
             "labels": dict(own),
             "annotations": {
                 ANNOTATION_SETTING: setting.label(),
-                ANNOTATION_ARGS: json.dumps(setting.as_args() + list(extra_args)),
-                "batchtune.io/target": str(target_meta.get("name", "")),
+                ANNOTATION_ARGS: json.dumps(engine.setting_args(setting) + list(extra_args)),
+                ANNOTATION_TARGET: str(target_meta.get("name", "")),
             },
             "ownerReferences": [owner_reference(bt_name, bt_uid)],
         },
@@ -150,18 +188,22 @@ def build_trial_deployment(
 
 @dataclass(frozen=True)
 class LoadProfile:
-    """What load to drive at one trial (from spec.load and spec.trial)."""
+    """What load to drive at one trial step (from spec.load, spec.trial and production's workload)."""
 
     input_tokens: int = 512
     output_tokens: int = 128
     concurrency: int | None = None
-    """Closed loop; None with no rate: the caller passes the trial's max-num-seqs."""
+    """Closed loop: requests in flight."""
     requests_per_minute: int | None = None
-    """Open loop (Poisson arrivals)."""
+    """Open loop: mean arrival rate."""
     duration_seconds: int | None = 60
+    """Measurement window after the warm-up."""
     num_prompts: int | None = None
     warmup_seconds: int = 30
     percentile: int = 95
+    burstiness: float = 1.0
+    """Gamma shape of inter-arrival times (1: Poisson; below 1: burstier)."""
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.requests_per_minute is None):
@@ -188,43 +230,28 @@ def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:
         "--duration", str(profile.warmup_seconds + duration),
         "--warmup-seconds", str(profile.warmup_seconds),
         "--metric-percentiles", "50,90,95,99",
+        "--seed", str(profile.seed),
         "--termination-message-path", TERMINATION_LOG,
         "--quiet",
     ]
     if profile.concurrency is not None:
         args += ["--concurrency", str(profile.concurrency)]
     else:
-        args += ["--request-rate", f"{profile.requests_per_minute / 60:.6g}"]
+        assert profile.requests_per_minute is not None
+        args += ["--request-rate", f"{profile.requests_per_minute / 60:.6g}", "--burstiness", f"{profile.burstiness:g}"]
     host = urlsplit(base_url).hostname or ""
     if not host.startswith("127."):
         args.append("--allow-non-loopback")  # real clusters: pod IPs are not loopback
     return args
 
 
-def _vllm_bench_script(base_url: str, model: str, profile: LoadProfile) -> str:
-    if profile.num_prompts is not None:
-        prompts = profile.num_prompts
-    elif profile.requests_per_minute is not None:
-        prompts = max(1, profile.requests_per_minute * (profile.duration_seconds or 60) // 60)
-    else:  # closed loop bounded by time: enough prompts, cut by `timeout`
-        prompts = max(10 * (profile.concurrency or 1), 100)
-    argv = [
-        "vllm", "bench", "serve", "--backend", "openai", "--base-url", base_url, "--model", model,
-        "--dataset-name", "random", "--random-input-len", str(profile.input_tokens),
-        "--random-output-len", str(profile.output_tokens), "--ignore-eos",
-        "--num-prompts", str(prompts),
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-        "--save-result", "--result-dir", "/tmp", "--result-filename", "result.json",
-    ]
-    if profile.concurrency is not None:
-        argv += ["--max-concurrency", str(profile.concurrency)]
-    else:
-        argv += ["--request-rate", f"{profile.requests_per_minute / 60:.6g}"]
-    run = shlex.join(argv)
-    if profile.duration_seconds is not None and profile.num_prompts is None:
-        run = f"timeout {profile.warmup_seconds + profile.duration_seconds + 60} {run}"
-    # The result JSON (without per-request arrays) fits the 4 KiB termination message.
-    return f"{run} && cp /tmp/result.json {TERMINATION_LOG}"
+def restricted_security_context() -> dict[str, Any]:
+    """A container security context the `restricted` Pod Security profile admits."""
+    return {
+        "runAsNonRoot": True, "runAsUser": LOADGEN_UID, "runAsGroup": LOADGEN_UID,
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def build_load_job(
@@ -232,42 +259,36 @@ def build_load_job(
     bt_uid: str,
     namespace: str,
     trial_index: int,
+    name: str,
     *,
-    generator: str,
     image: str,
     base_url: str,
     model: str,
     profile: LoadProfile,
-    repeat: int = 0,
 ) -> dict[str, Any]:
-    """The load-generator Job for one trial (repeat): bounded by count and time, never retried.
+    """The builtin load generator's Job for one load run: bounded by count and time, never retried.
 
-    `Builtin`: `image` is the operator image, running `batchtune loadgen ...`, which writes its
-    summary JSON to the termination message. `VllmBench`: `image` is the target's image, running
-    `vllm bench serve`, whose result JSON is copied to the termination message.
+    `image` is the operator's own image, running `batchtune loadgen ...`, which writes its summary
+    JSON (with its own measurement window) to the termination message.
     """
-    labels = trial_labels(bt_name, trial_index, "load")
-    if generator == "Builtin":
-        container = {"name": "loadgen", "image": image, "command": ["batchtune"],
-                     "args": _builtin_args(base_url, model, profile)}
-    elif generator == "VllmBench":
-        container = {"name": "loadgen", "image": image, "command": ["sh", "-c"],
-                     "args": [_vllm_bench_script(base_url, model, profile)]}
-    else:
-        raise ValueError(f"load.generator {generator!r} is not Builtin or VllmBench")
-    container.update({
+    labels = trial_labels(bt_name, trial_index, COMPONENT_LOAD)
+    container = {
+        "name": "loadgen", "image": image, "command": ["batchtune"],
+        "args": _builtin_args(base_url, model, profile),
+        "env": [{"name": "HOME", "value": "/tmp"}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-    })
+        "securityContext": restricted_security_context(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": load_job_name(bt_name, trial_index, repeat),
+            "name": name,
             "namespace": namespace,
             "labels": dict(labels),
-            "annotations": {"batchtune.io/repeat": str(repeat)},
             "ownerReferences": [owner_reference(bt_name, bt_uid)],
         },
         "spec": {
@@ -275,24 +296,14 @@ def build_load_job(
             "activeDeadlineSeconds": profile.bound_seconds(),
             "template": {
                 "metadata": {"labels": dict(labels)},
-                "spec": {"restartPolicy": "Never", "containers": [container]},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                },
             },
         },
     }
-
-
-def load_profile_from_spec(spec: Any, max_num_seqs: int) -> LoadProfile:
-    """From the api model's spec (load, trial, slo); closed-loop concurrency defaults to max-num-seqs."""
-    load, trial = spec.load, spec.trial
-    percentile = getattr(spec.slo.percentile, "value", spec.slo.percentile)
-    concurrency = load.concurrency
-    if concurrency is None and load.requests_per_minute is None:
-        concurrency = max_num_seqs
-    duration = load.duration_seconds
-    if duration is None and load.num_prompts is None:
-        duration = trial.measure_seconds
-    return LoadProfile(
-        input_tokens=load.input_tokens, output_tokens=load.output_tokens, concurrency=concurrency,
-        requests_per_minute=load.requests_per_minute, duration_seconds=duration, num_prompts=load.num_prompts,
-        warmup_seconds=trial.warmup_seconds, percentile=int(str(percentile).lstrip("Pp")),
-    )

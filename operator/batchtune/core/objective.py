@@ -6,6 +6,8 @@ import math
 from enum import StrEnum
 from typing import Any, Mapping
 
+from batchtune.core.vocabulary import M
+
 
 class Objective(StrEnum):
     SLO_CAPACITY = "SloCapacity"
@@ -42,14 +44,14 @@ def objective_value(objective: Objective | str, metrics: Mapping[str, Any]) -> f
     """
     objective = Objective(objective)
     if objective is Objective.SLO_CAPACITY:
-        value = _get(metrics, "sloCapacity")
-        return value if value is not None else _get(metrics, "requestThroughput")
+        value = _get(metrics, M.SLO_CAPACITY)
+        return value if value is not None else _get(metrics, M.REQUEST_THROUGHPUT)
     if objective is Objective.OUTPUT_THROUGHPUT:
-        return _get(metrics, "outputThroughput")
+        return _get(metrics, M.OUTPUT_THROUGHPUT)
     if objective is Objective.GPU_UTILIZATION:
-        value = _get(metrics, "smActivePercent")
-        return value if value is not None else _get(metrics, "gpuUtilPercent")
-    throughput, watts = _get(metrics, "outputThroughput"), _get(metrics, "powerWatts")
+        value = _get(metrics, M.SM_ACTIVE_PERCENT)
+        return value if value is not None else _get(metrics, M.GPU_UTIL_PERCENT)
+    throughput, watts = _get(metrics, M.OUTPUT_THROUGHPUT), _get(metrics, M.POWER_WATTS)
     if throughput is None or watts is None or watts <= 0:
         return None
     return throughput / watts

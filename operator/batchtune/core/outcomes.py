@@ -4,52 +4,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from batchtune.core.settings import Setting
+from batchtune.core.vocabulary import FINISHED_TRIAL_STATES, MEMORY_REASONS, Reason, TrialState, Verdict
 
-
-class TrialState(StrEnum):
-    """Terminal states only: strategies never see a running trial as an outcome."""
-
-    DONE = "Done"
-    INFEASIBLE = "Infeasible"  # the setting cannot work (memory): informs pruning
-    FAILED = "Failed"  # something else went wrong (timeout, crash): tells nothing about the setting
-
-
-class Verdict(StrEnum):
-    MET = "Met"
-    VIOLATED = "Violated"
-    UNKNOWN = "Unknown"
-
-
-# Reasons the operator's failure classifier puts on Infeasible outcomes; the strategies prune on them.
-REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH = "GpuMemoryUtilizationTooHigh"
-"""vLLM: "Free memory on device ... is less than desired GPU memory utilization": any higher gmu fails too."""
-REASON_KV_CACHE_TOO_SMALL = "KvCacheTooSmall"
-"""vLLM: "No available memory for the cache blocks" / "KV cache is needed, which is larger than the available"."""
-REASON_OUT_OF_MEMORY = "OutOfMemory"
-"""CUDA out of memory at runtime, or the container OOMKilled: more seqs/tokens needs more, lower gmu leaves less."""
-
-MEMORY_REASONS = frozenset({REASON_KV_CACHE_TOO_SMALL, REASON_OUT_OF_MEMORY})
+__all__ = ["MEMORY_REASONS", "History", "HistoryEntry", "Reason", "TrialOutcome", "TrialState", "Verdict"]
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
     state: TrialState
+    """Done, Infeasible or Failed: strategies never see a running trial as an outcome."""
     verdict: Verdict = Verdict.UNKNOWN
     objective: float | None = None
     """Objective value (higher is better); None when not measured."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Status metric names (camelCase: outputThroughput, ttftMs, kvCacheUsagePercent, ...)."""
     reason: str = ""
-    """UpperCamelCase reason (for Infeasible: one of the REASON_* constants when known)."""
+    """A `Reason` (for Infeasible: the memory reasons the strategies prune on, when known)."""
     message: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", TrialState(self.state))
+        if self.state not in FINISHED_TRIAL_STATES:
+            raise ValueError(f"a trial outcome is Done, Infeasible or Failed, not {self.state.value}")
         object.__setattr__(self, "verdict", Verdict(self.verdict))
         object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
         if self.objective is not None and not math.isfinite(self.objective):

@@ -1,11 +1,12 @@
-"""Planning: the candidate settings of a search space, less what vLLM or GPU memory rules out."""
+"""Planning: the candidate settings of a search space, less what the engine or GPU memory rules out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from batchtune.core.settings import Setting
+from batchtune.core.vocabulary import Reason
 
 
 def doublings(minimum: int, maximum: int) -> tuple[int, ...]:
@@ -57,31 +58,14 @@ class SearchSpace:
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What the target's vLLM configuration implies for every trial (from its args)."""
+    """What the target's engine configuration implies for every trial (read from its args by the engine)."""
 
     max_model_len: int | None = None
     """`--max-model-len` when the target sets it; None: derived from the model, unknown here."""
     chunked_prefill: bool = True
-    """V1 always enables chunked prefill unless `--no-enable-chunked-prefill`."""
+    """Whether the engine splits long prefills over steps (vLLM V1: on unless `--no-enable-chunked-prefill`)."""
     max_num_batched_tokens: int | None = None
     """The target's own `--max-num-batched-tokens`, used when the search space leaves it alone."""
-
-    @classmethod
-    def from_flags(cls, flags: dict[str, str | None]) -> EngineLimits:
-        """From canonical flags (see `args.read_vllm_settings(...).flags`)."""
-        def as_int(name: str) -> int | None:
-            value = flags.get(name)
-            try:
-                return int(value) if value is not None else None
-            except ValueError:
-                return None
-
-        chunked = True
-        if "no-enable-chunked-prefill" in flags:
-            chunked = False
-        elif "enable-chunked-prefill" in flags:
-            chunked = str(flags["enable-chunked-prefill"]).lower() not in ("false", "0", "no")
-        return cls(as_int("max-model-len"), chunked, as_int("max-num-batched-tokens"))
 
 
 @dataclass(frozen=True)
@@ -91,6 +75,8 @@ class FitVerdict:
     fits: bool | None
     """True fits, False does not (pruned), None unknown (kept)."""
     reason: str = ""
+    memory_reason: Reason | None = None
+    """When it does not fit: the failure a start would give (KvCacheTooSmall, GpuMemoryUtilizationTooHigh)."""
 
 
 FitCheck = Callable[[Setting], FitVerdict]
@@ -99,10 +85,11 @@ FitCheck = Callable[[Setting], FitVerdict]
 @dataclass(frozen=True)
 class PrunedSetting:
     setting: Setting
-    reason: str
-
-    def to_status(self) -> dict[str, Any]:
-        return {"setting": self.setting.to_status(), "reason": self.reason}
+    reason: Reason
+    """A code: EngineInvariant, DoesNotFitMemory (see `memory_reason`) or Dominated."""
+    message: str
+    memory_reason: Reason | None = None
+    """For DoesNotFitMemory: what a failed start would have said (KvCacheTooSmall, GpuMemoryUtilizationTooHigh)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +104,7 @@ class Plan:
         """Why nothing can be tried, or None when there are candidates."""
         if self.candidates:
             return None
-        reasons = sorted({p.reason for p in self.pruned})
+        reasons = sorted({p.message for p in self.pruned})
         shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
         return f"no candidate setting is left after {len(self.pruned)} were pruned: {shown or 'empty search space'}"
 
@@ -134,34 +121,17 @@ def _column_key(item: tuple[tuple[int, int | None], Any]) -> tuple[int, int]:
     return (gmu, -1 if mbt is None else mbt)
 
 
-def _invariant_violation(setting: Setting, limits: EngineLimits) -> str | None:
-    """vLLM's own SchedulerConfig checks, quoted, or None."""
-    mbt = setting.max_num_batched_tokens
-    if mbt is None:
-        mbt = limits.max_num_batched_tokens
-    if mbt is None:
-        return None
-    if mbt < setting.max_num_seqs:
-        return (
-            f"vLLM would refuse to start: max_num_batched_tokens ({mbt}) must be greater than or equal "
-            f"to max_num_seqs ({setting.max_num_seqs})."
-        )
-    if not limits.chunked_prefill and limits.max_model_len is not None and mbt < limits.max_model_len:
-        return (
-            f"vLLM would refuse to start: max_num_batched_tokens ({mbt}) is smaller than max_model_len "
-            f"({limits.max_model_len}). This effectively limits the maximum sequence length to "
-            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-            "max_num_batched_tokens or decrease max_model_len."
-        )
-    return None
+Invariant = Callable[[Setting], str | None]
+"""The engine's refusal to start a setting, quoted (`Engine.invariant_violation` with the target's limits)."""
 
 
 def plan_candidates(
     space: SearchSpace,
-    limits: EngineLimits = EngineLimits(),
+    invariant: Invariant | None = None,
     fits: FitCheck | None = None,
+    limits: EngineLimits = EngineLimits(),
 ) -> Plan:
-    """Every combination of the search space, less vLLM-invalid and memory-infeasible settings.
+    """Every combination of the search space, less engine-invalid and memory-infeasible settings.
 
     `fits` is the memory-fit prefilter (the twin's estimator); None skips it.
     """
@@ -173,14 +143,16 @@ def plan_candidates(
         for mbt in mbt_values:
             for seqs in space.max_num_seqs:
                 setting = Setting(seqs, gmu, mbt)
-                violation = _invariant_violation(setting, limits)
+                violation = invariant(setting) if invariant is not None else None
                 if violation:
-                    pruned.append(PrunedSetting(setting, violation))
+                    pruned.append(PrunedSetting(setting, Reason.ENGINE_INVARIANT, violation))
                     continue
                 if fits is not None:
                     verdict = fits(setting)
                     if verdict.fits is False:
-                        pruned.append(PrunedSetting(setting, f"does not fit in GPU memory: {verdict.reason}"))
+                        pruned.append(PrunedSetting(setting, Reason.DOES_NOT_FIT_MEMORY,
+                                                    f"does not fit in GPU memory: {verdict.reason}",
+                                                    verdict.memory_reason or Reason.KV_CACHE_TOO_SMALL))
                         continue
                     if verdict.fits is None:
                         unknown_fit.append(verdict.reason)
@@ -188,8 +160,8 @@ def plan_candidates(
     notes: list[str] = []
     if not space.max_num_batched_tokens and limits.max_num_batched_tokens is None:
         notes.append(
-            "max-num-batched-tokens is neither searched nor set on the target: vLLM's hardware "
-            "default applies (2048 or 8192), so max_num_batched_tokens >= max_num_seqs is not checked here"
+            "max-num-batched-tokens is neither searched nor set on the target: the engine's hardware "
+            "default applies, so the token budget against max-num-seqs is not checked here"
         )
     if unknown_fit:
         first = sorted(set(unknown_fit))[0] or "no estimate"
@@ -197,13 +169,3 @@ def plan_candidates(
     if fits is None:
         notes.append("no memory-fit estimator: settings that do not fit are found by trying them")
     return Plan(tuple(sorted(candidates)), tuple(pruned), tuple(notes))
-
-
-def limit_note(plan: Plan, max_trials: int) -> str | None:
-    if len(plan.candidates) > max_trials:
-        return f"{len(plan.candidates)} candidates but maxTrials is {max_trials}: the strategy chooses which to try"
-    return None
-
-
-def settings_of(entries: Iterable[tuple[Setting, Any]]) -> set[Setting]:
-    return {setting for setting, _ in entries}

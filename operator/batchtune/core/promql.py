@@ -1,85 +1,85 @@
-"""PromQL for a trial's window, with every label value escaped and every name checked.
+"""PromQL for trials, production and workload, with every label value escaped and every name checked.
 
-Latency histograms are in seconds; the queries return milliseconds to match the status metrics.
-A current vLLM metric name with an older alias is queried as `current or legacy`, so one query
-works across vLLM versions (unless the user overrode the name).
+Metric names are roles (`time_to_first_token`, `gpu_util`, ...) resolved by `MetricNames`: the engine's
+names and dcgm-exporter's, less what `spec.prometheus.metricNames` overrides. A current name with an
+older alias is queried as `current or legacy`, so one query works across engine versions (unless the
+user overrode the name). Latency histograms are in seconds; the queries return milliseconds.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from batchtune.core.vocabulary import M
+
+if TYPE_CHECKING:
+    from batchtune.engines import MetricConventions
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
+GPU_METRICS: Mapping[str, str] = {
+    "gpu_util": "DCGM_FI_DEV_GPU_UTIL",
+    "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+    "sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "fb_used": "DCGM_FI_DEV_FB_USED",
+    "fb_free": "DCGM_FI_DEV_FB_FREE",
+    "power_usage": "DCGM_FI_DEV_POWER_USAGE",
+}
+"""dcgm-exporter's names (the GPU Operator's default counters; PROF_* need the profiling counters on)."""
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
 
 @dataclass(frozen=True)
 class MetricNames:
-    """vLLM V1 and dcgm-exporter names (see reference/vllm-gpu-facts.md)."""
+    """Role -> metric name, for the engine's metrics and the GPU exporter's."""
 
-    e2e_request_latency: str = "vllm:e2e_request_latency_seconds"
-    time_to_first_token: str = "vllm:time_to_first_token_seconds"
-    inter_token_latency: str = "vllm:inter_token_latency_seconds"
-    request_queue_time: str = "vllm:request_queue_time_seconds"
-    generation_tokens: str = "vllm:generation_tokens_total"
-    prompt_tokens: str = "vllm:prompt_tokens_total"
-    request_success: str = "vllm:request_success_total"
-    num_preemptions: str = "vllm:num_preemptions_total"
-    num_requests_running: str = "vllm:num_requests_running"
-    num_requests_waiting: str = "vllm:num_requests_waiting"
-    kv_cache_usage: str = "vllm:kv_cache_usage_perc"
-    cache_config_info: str = "vllm:cache_config_info"
-    gpu_util: str = "DCGM_FI_DEV_GPU_UTIL"
-    sm_active: str = "DCGM_FI_PROF_SM_ACTIVE"
-    sm_occupancy: str = "DCGM_FI_PROF_SM_OCCUPANCY"
-    tensor_active: str = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
-    dram_active: str = "DCGM_FI_PROF_DRAM_ACTIVE"
-    fb_used: str = "DCGM_FI_DEV_FB_USED"
-    fb_free: str = "DCGM_FI_DEV_FB_FREE"
-    power_usage: str = "DCGM_FI_DEV_POWER_USAGE"
+    names: Mapping[str, str]
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     overridden: frozenset[str] = frozenset()
-    """Fields the user set: their legacy aliases are not queried."""
+    """Roles the user set: their legacy aliases are not queried."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if f.name != "overridden":
-                check_metric_name(getattr(self, f.name), f.name)
-
-    def with_overrides(self, overrides: Mapping[str, str | None]) -> MetricNames:
-        """Overrides by field name (snake_case) or CRD key (camelCase); unknown keys are errors."""
-        known = {f.name for f in fields(self)} - {"overridden"}
-        changes: dict[str, str] = {}
-        for key, value in overrides.items():
-            name = re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
-            if name not in known:
-                raise ValueError(f"prometheus.metricNames.{key}: unknown metric key (known: {', '.join(sorted(known))})")
-            if value is not None:
-                changes[name] = value
-        return replace(self, **changes, overridden=self.overridden | frozenset(changes))
+        for role, name in self.names.items():
+            check_metric_name(name, role)
 
     @classmethod
-    def from_spec(cls, metric_names: Any) -> MetricNames:
+    def build(cls, engine: MetricConventions, overrides: Mapping[str, str | None] | None = None) -> MetricNames:
+        """The engine's and the GPU exporter's names, then overrides by role (snake_case or camelCase)."""
+        names = {**engine.names, **GPU_METRICS}
+        changes: dict[str, str] = {}
+        for key, value in (overrides or {}).items():
+            role = _snake(key)
+            if role not in names:
+                raise ValueError(f"prometheus.metricNames.{key}: unknown metric key (known: {', '.join(sorted(names))})")
+            if value is not None:
+                changes[role] = value
+        return cls({**names, **changes}, dict(engine.aliases), frozenset(changes))
+
+    @classmethod
+    def from_spec(cls, engine: MetricConventions, metric_names: Any) -> MetricNames:
         """From the api model's `spec.prometheus.metric_names` (None fields keep defaults)."""
         if metric_names is None:
-            return cls()
+            return cls.build(engine)
         data = metric_names.model_dump() if hasattr(metric_names, "model_dump") else dict(metric_names)
-        return cls().with_overrides({k: v for k, v in data.items() if v is not None})
+        return cls.build(engine, {k: v for k, v in data.items() if v is not None})
 
-    def candidates(self, field_name: str) -> tuple[str, ...]:
+    def __getitem__(self, role: str) -> str:
+        return self.names[role]
+
+    def candidates(self, role: str) -> tuple[str, ...]:
         """The name to query, then legacy aliases unless overridden."""
-        name = getattr(self, field_name)
-        if field_name in self.overridden:
+        name = self.names[role]
+        if role in self.overridden:
             return (name,)
-        return (name,) + tuple(a for a in LEGACY_ALIASES.get(field_name, ()) if a != name)
-
-
-LEGACY_ALIASES: dict[str, tuple[str, ...]] = {
-    "kv_cache_usage": ("vllm:gpu_cache_usage_perc",),  # renamed in vLLM 0.9
-    "inter_token_latency": ("vllm:time_per_output_token_seconds",),  # renamed in 0.11, removed in 0.13
-    "num_preemptions": ("vllm:num_preemptions",),  # counters declared without _total in some exporters
-}
+        return (name,) + tuple(a for a in self.aliases.get(role, ()) if a != name)
 
 
 @dataclass(frozen=True)
@@ -121,10 +121,34 @@ def escape_label_value(value: str) -> str:
     )
 
 
-def selector(labels: Mapping[str, str]) -> str:
-    """`{a="x",b="y"}` with names checked and values escaped (keys in the given order)."""
-    parts = [f'{check_label_name(k)}="{escape_label_value(v)}"' for k, v in labels.items()]
-    return "{" + ",".join(parts) + "}"
+def escape_regex(value: str) -> str:
+    """A literal for a PromQL (RE2) regex: every metacharacter escaped."""
+    return re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", value)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Label matchers, rendered `{a="x",b=~"y|z"}` with names checked and values escaped."""
+
+    equal: Mapping[str, str] = field(default_factory=dict)
+    regex: Mapping[str, str] = field(default_factory=dict)
+
+    def with_equal(self, **labels: str) -> Selector:
+        return Selector({**self.equal, **labels}, self.regex)
+
+    def render(self) -> str:
+        parts = [f'{check_label_name(k)}="{escape_label_value(v)}"' for k, v in self.equal.items()]
+        parts += [f'{check_label_name(k)}=~"{escape_label_value(v)}"' for k, v in self.regex.items()]
+        return "{" + ",".join(parts) + "}"
+
+
+def pods_selector(labels: LabelNames, namespace: str, pods: list[str], model: str | None = None) -> Selector:
+    """Series of these pods (regex-escaped, then PromQL-escaped); no pod matches nothing."""
+    equal = {labels.namespace: namespace}
+    if labels.model and model is not None:
+        equal[labels.model] = model
+    regex = "|".join(escape_regex(p) for p in sorted(pods)) or "^$"
+    return Selector(equal, {labels.pod: regex})
 
 
 def _window(seconds: int) -> str:
@@ -137,80 +161,153 @@ def _or(queries: list[str]) -> str:
     return queries[0] if len(queries) == 1 else " or ".join(f"({q})" for q in queries)
 
 
-def histogram_quantile(metrics: tuple[str, ...], quantile: float, labels: Mapping[str, str], window_s: int, scale: float = 1.0) -> str:
+def _prefix(scale: float) -> str:
+    return f"{scale:g} * " if scale != 1 else ""
+
+
+def histogram_quantile(metrics: tuple[str, ...], quantile: float, sel: Selector, window_s: int, scale: float = 1.0) -> str:
     if not 0 < quantile < 1:
         raise ValueError(f"quantile {quantile!r} is outside (0, 1)")
-    sel, w = selector(labels), _window(window_s)
-    prefix = f"{scale:g} * " if scale != 1 else ""
-    return _or([
-        f"{prefix}histogram_quantile({quantile:g}, sum by (le) (rate({check_metric_name(m)}_bucket{sel}{w})))"
-        for m in metrics
-    ])
+    s, w = sel.render(), _window(window_s)
+    return _or([f"{_prefix(scale)}histogram_quantile({quantile:g}, sum by (le) (rate({check_metric_name(m)}_bucket{s}{w})))"
+                for m in metrics])
 
 
-def histogram_mean(metrics: tuple[str, ...], labels: Mapping[str, str], window_s: int, scale: float = 1.0) -> str:
-    sel, w = selector(labels), _window(window_s)
-    prefix = f"{scale:g} * " if scale != 1 else ""
-    return _or([
-        f"{prefix}sum(rate({check_metric_name(m)}_sum{sel}{w})) / sum(rate({m}_count{sel}{w}))" for m in metrics
-    ])
+def histogram_mean(metrics: tuple[str, ...], sel: Selector, window_s: int, scale: float = 1.0) -> str:
+    s, w = sel.render(), _window(window_s)
+    return _or([f"{_prefix(scale)}sum(rate({check_metric_name(m)}_sum{s}{w})) / sum(rate({m}_count{s}{w}))"
+                for m in metrics])
 
 
-def counter_rate(metrics: tuple[str, ...], labels: Mapping[str, str], window_s: int) -> str:
-    sel, w = selector(labels), _window(window_s)
-    return _or([f"sum(rate({check_metric_name(m)}{sel}{w}))" for m in metrics])
+def histogram_buckets(metric: str, sel: Selector, window_s: int) -> str:
+    """Per-bucket increase over the window (`le` kept): a length distribution."""
+    return f"sum by (le) (increase({check_metric_name(metric)}_bucket{sel.render()}{_window(window_s)}))"
 
 
-def gauge_avg(metrics: tuple[str, ...], labels: Mapping[str, str], window_s: int, scale: float = 1.0) -> str:
-    sel, w = selector(labels), _window(window_s)
-    prefix = f"{scale:g} * " if scale != 1 else ""
-    return _or([f"{prefix}avg(avg_over_time({check_metric_name(m)}{sel}{w}))" for m in metrics])
+def counter_rate(metrics: tuple[str, ...], sel: Selector, window_s: int) -> str:
+    s, w = sel.render(), _window(window_s)
+    return _or([f"sum(rate({check_metric_name(m)}{s}{w}))" for m in metrics])
 
 
-def gauge_max(metrics: tuple[str, ...], labels: Mapping[str, str], window_s: int, scale: float = 1.0) -> str:
-    sel, w = selector(labels), _window(window_s)
-    prefix = f"{scale:g} * " if scale != 1 else ""
-    return _or([f"{prefix}max(max_over_time({check_metric_name(m)}{sel}{w}))" for m in metrics])
+def counter_increase(metrics: tuple[str, ...], sel: Selector, window_s: int) -> str:
+    s, w = sel.render(), _window(window_s)
+    return _or([f"sum(increase({check_metric_name(m)}{s}{w}))" for m in metrics])
 
 
-def trial_queries(
-    *,
-    namespace: str,
-    pod: str,
-    model: str | None,
-    window_s: int,
-    percentile: int = 95,
-    names: MetricNames = MetricNames(),
-    labels: LabelNames = LabelNames(),
-    gpu_labels: LabelNames = LabelNames(model=None),
-) -> dict[str, str]:
-    """Status metric name -> instant query, evaluated at the end of the trial's measurement window.
+def gauge_avg(metrics: tuple[str, ...], sel: Selector, window_s: int, scale: float = 1.0, across: str = "avg") -> str:
+    """The time average per series, then `across` series (avg for a ratio, sum for a total such as watts)."""
+    s, w = sel.render(), _window(window_s)
+    return _or([f"{_prefix(scale)}{across}(avg_over_time({check_metric_name(m)}{s}{w}))" for m in metrics])
 
-    vLLM series are selected by namespace, pod and model; dcgm series by the GPU label names
-    (e.g. exported_pod when scraped without honorLabels). SM active and KV usage come as 0..1
-    ratios and are returned in percent.
+
+def gauge_max(metrics: tuple[str, ...], sel: Selector, window_s: int, scale: float = 1.0) -> str:
+    s, w = sel.render(), _window(window_s)
+    return _or([f"{_prefix(scale)}max(max_over_time({check_metric_name(m)}{s}{w}))" for m in metrics])
+
+
+def queue_growth(names: MetricNames, sel: Selector, window_s: int) -> str:
+    """Waiting requests over the window's last fifth less over its first fifth (evaluated at the end)."""
+    fifth = max(1, window_s // 5)
+    metric = _or([f"sum(avg_over_time({check_metric_name(m)}{sel.render()}[{fifth}s]))"
+                  for m in names.candidates("num_requests_waiting")])
+    return f"({metric}) - ({metric} offset {window_s - fifth}s)"
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    names: MetricNames
+    labels: LabelNames
+    gpu_labels: LabelNames
+    percentile: int = 95
+
+    @property
+    def quantile(self) -> float:
+        return self.percentile / 100
+
+
+def trial_queries(ctx: QueryContext, namespace: str, pod: str, model: str | None, window_s: int) -> dict[str, str]:
+    """Status metric key -> instant query, evaluated at the end of one load run's window.
+
+    Engine series are selected by namespace, pod and model; GPU series by the GPU label names. SM
+    active and KV usage come as 0..1 ratios and are returned in percent; power is summed over the
+    pod's GPUs (a tensor-parallel pod draws on all of them).
     """
-    vllm = {labels.namespace: namespace, labels.pod: pod}
-    if labels.model and model is not None:
-        vllm[labels.model] = model
-    gpu = {gpu_labels.namespace: namespace, gpu_labels.pod: pod}
-    q = percentile / 100
-    # No error-rate query: vLLM counts no failed requests; the load generator reports them.
+    names, q = ctx.names, ctx.quantile
+    engine = Selector({ctx.labels.namespace: namespace, ctx.labels.pod: pod,
+                       **({ctx.labels.model: model} if ctx.labels.model and model is not None else {})})
+    gpu = Selector({ctx.gpu_labels.namespace: namespace, ctx.gpu_labels.pod: pod})
+    c = names.candidates
     return {
-        "ttftMs": histogram_quantile(names.candidates("time_to_first_token"), q, vllm, window_s, 1000),
-        "itlMs": histogram_quantile(names.candidates("inter_token_latency"), q, vllm, window_s, 1000),
-        "e2eMs": histogram_quantile(names.candidates("e2e_request_latency"), q, vllm, window_s, 1000),
-        "queueMs": histogram_quantile(names.candidates("request_queue_time"), q, vllm, window_s, 1000),
-        "requestThroughput": counter_rate(names.candidates("request_success"), vllm, window_s),
-        "outputThroughput": counter_rate(names.candidates("generation_tokens"), vllm, window_s),
-        "promptThroughput": counter_rate(names.candidates("prompt_tokens"), vllm, window_s),
-        "preemptionsPerSecond": counter_rate(names.candidates("num_preemptions"), vllm, window_s),
-        "runningRequests": gauge_avg(names.candidates("num_requests_running"), vllm, window_s),
-        "waitingRequests": gauge_avg(names.candidates("num_requests_waiting"), vllm, window_s),
-        "kvCacheUsagePercent": gauge_avg(names.candidates("kv_cache_usage"), vllm, window_s, 100),
-        "kvCacheUsageMaxPercent": gauge_max(names.candidates("kv_cache_usage"), vllm, window_s, 100),
-        "gpuUtilPercent": gauge_avg(names.candidates("gpu_util"), gpu, window_s),
-        "smActivePercent": gauge_avg(names.candidates("sm_active"), gpu, window_s, 100),
-        "powerWatts": gauge_avg(names.candidates("power_usage"), gpu, window_s),
-        "fbUsedMiB": gauge_avg(names.candidates("fb_used"), gpu, window_s),
+        M.TTFT_MS: histogram_quantile(c("time_to_first_token"), q, engine, window_s, 1000),
+        M.ITL_MS: histogram_quantile(c("inter_token_latency"), q, engine, window_s, 1000),
+        M.E2E_MS: histogram_quantile(c("e2e_request_latency"), q, engine, window_s, 1000),
+        M.QUEUE_MS: histogram_quantile(c("request_queue_time"), q, engine, window_s, 1000),
+        M.REQUEST_THROUGHPUT: counter_rate(c("request_success"), engine, window_s),
+        M.OUTPUT_THROUGHPUT: counter_rate(c("generation_tokens"), engine, window_s),
+        M.PROMPT_THROUGHPUT: counter_rate(c("prompt_tokens"), engine, window_s),
+        M.PREEMPTIONS_PER_SECOND: counter_rate(c("num_preemptions"), engine, window_s),
+        M.RUNNING_REQUESTS: gauge_avg(c("num_requests_running"), engine, window_s, across="sum"),
+        M.WAITING_REQUESTS: gauge_avg(c("num_requests_waiting"), engine, window_s, across="sum"),
+        M.WAITING_GROWTH: queue_growth(names, engine, window_s),
+        M.KV_CACHE_USAGE_PERCENT: gauge_avg(c("kv_cache_usage"), engine, window_s, 100),
+        M.KV_CACHE_USAGE_MAX_PERCENT: gauge_max(c("kv_cache_usage"), engine, window_s, 100),
+        M.GPU_UTIL_PERCENT: gauge_avg(c("gpu_util"), gpu, window_s),
+        M.SM_ACTIVE_PERCENT: gauge_avg(c("sm_active"), gpu, window_s, 100),
+        M.SM_OCCUPANCY_PERCENT: gauge_avg(c("sm_occupancy"), gpu, window_s, 100),
+        M.TENSOR_ACTIVE_PERCENT: gauge_avg(c("tensor_active"), gpu, window_s, 100),
+        M.DRAM_ACTIVE_PERCENT: gauge_avg(c("dram_active"), gpu, window_s, 100),
+        M.POWER_WATTS: gauge_avg(c("power_usage"), gpu, window_s, across="sum"),
+        M.FB_USED_MIB: gauge_avg(c("fb_used"), gpu, window_s, across="sum"),
+        M.FB_FREE_MIB: gauge_avg(c("fb_free"), gpu, window_s, across="sum"),
+        M.GPUS: f"count(avg_over_time({check_metric_name(names['gpu_util'])}{gpu.render()}{_window(window_s)}))",
     }
+
+
+def kv_pool_query(ctx: QueryContext, namespace: str, pod: str) -> str:
+    """The engine's cache configuration info series (labels carry blocks and block size)."""
+    sel = Selector({ctx.labels.namespace: namespace, ctx.labels.pod: pod})
+    return f"max by (num_gpu_blocks, block_size) ({check_metric_name(ctx.names['cache_config_info'])}{sel.render()})"
+
+
+def production_queries(ctx: QueryContext, sel: Selector, window_s: int, finished_reason_label: str | None,
+                       error_reasons: tuple[str, ...]) -> dict[str, str]:
+    """Production's figures over a window (all its pods together), for verify."""
+    names, q, c = ctx.names, ctx.quantile, ctx.names.candidates
+    out = {
+        M.TTFT_MS: histogram_quantile(c("time_to_first_token"), q, sel, window_s, 1000),
+        M.ITL_MS: histogram_quantile(c("inter_token_latency"), q, sel, window_s, 1000),
+        M.E2E_MS: histogram_quantile(c("e2e_request_latency"), q, sel, window_s, 1000),
+        M.REQUEST_THROUGHPUT: counter_rate(c("request_success"), sel, window_s),
+        M.OUTPUT_THROUGHPUT: counter_rate(c("generation_tokens"), sel, window_s),
+        M.WAITING_REQUESTS: gauge_avg(c("num_requests_waiting"), sel, window_s, across="sum"),
+        M.REQUESTS: counter_increase(c("request_success"), sel, window_s),
+        "inSystemGrowth": _in_system_growth(names, sel, window_s),
+    }
+    if finished_reason_label and error_reasons:
+        errors = Selector(sel.equal, {**sel.regex, check_label_name(finished_reason_label): "|".join(error_reasons)})
+        out["failedThroughput"] = counter_rate(c("request_success"), errors, window_s)
+    return out
+
+
+def _in_system_growth(names: MetricNames, sel: Selector, window_s: int) -> str:
+    """Requests running or waiting at the window's end less at its start."""
+    parts = []
+    for role in ("num_requests_running", "num_requests_waiting"):
+        metric = _or([f"sum({check_metric_name(m)}{sel.render()})" for m in names.candidates(role)])
+        parts.append(f"(({metric}) - ({metric} offset {window_s}s))")
+    return " + ".join(parts)
+
+
+def workload_queries(ctx: QueryContext, sel: Selector, window_s: int) -> dict[str, str]:
+    """Production's length distributions (bucket increases) and request rate over the lookback."""
+    names = ctx.names
+    return {
+        "promptBuckets": histogram_buckets(names["request_prompt_tokens"], sel, window_s),
+        "outputBuckets": histogram_buckets(names["request_generation_tokens"], sel, window_s),
+        "requests": counter_increase(names.candidates("request_success"), sel, window_s),
+    }
+
+
+def request_rate_series(ctx: QueryContext, sel: Selector, step_s: int) -> str:
+    """Production's request rate, as a range query's expression (evaluated at each step)."""
+    return counter_rate(ctx.names.candidates("request_success"), sel, max(60, step_s))

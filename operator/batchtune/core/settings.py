@@ -1,13 +1,9 @@
-"""The three vLLM batching knobs a trial varies, as one frozen value."""
+"""The three batching knobs a trial varies, as one frozen value (each engine spells them its own way)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
-
-FLAG_MAX_NUM_SEQS = "--max-num-seqs"
-FLAG_GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
-FLAG_MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
 
 
 def percent_to_fraction(percent: int) -> str:
@@ -22,11 +18,11 @@ class Setting:
     """One point of the search space."""
 
     max_num_seqs: int
-    """vLLM `--max-num-seqs`: the most sequences in one running batch."""
+    """The most sequences in one running batch (vLLM `--max-num-seqs`)."""
     gpu_memory_utilization_percent: int
-    """vLLM `--gpu-memory-utilization` in integer percent (90 = 0.90)."""
+    """The share of accelerator memory the engine may take, in integer percent (vLLM `--gpu-memory-utilization`, 90 = 0.90)."""
     max_num_batched_tokens: int | None = None
-    """vLLM `--max-num-batched-tokens`; None keeps whatever the target uses."""
+    """The token budget of one scheduler step (vLLM `--max-num-batched-tokens`); None keeps the target's."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -59,25 +55,6 @@ class Setting:
     def column(self) -> tuple[int, int | None]:
         """The (gmu, mbt) column a setting belongs to; max-num-seqs varies along it."""
         return (self.gpu_memory_utilization_percent, self.max_num_batched_tokens)
-
-    def as_args(self) -> list[str]:
-        args = [
-            FLAG_MAX_NUM_SEQS, str(self.max_num_seqs),
-            FLAG_GPU_MEMORY_UTILIZATION, percent_to_fraction(self.gpu_memory_utilization_percent),
-        ]
-        if self.max_num_batched_tokens is not None:
-            args += [FLAG_MAX_NUM_BATCHED_TOKENS, str(self.max_num_batched_tokens)]
-        return args
-
-    def as_flags(self) -> dict[str, str]:
-        """Canonical flag name (no dashes) -> value text, as `args.rewrite_vllm_args` takes them."""
-        flags = {
-            "max-num-seqs": str(self.max_num_seqs),
-            "gpu-memory-utilization": percent_to_fraction(self.gpu_memory_utilization_percent),
-        }
-        if self.max_num_batched_tokens is not None:
-            flags["max-num-batched-tokens"] = str(self.max_num_batched_tokens)
-        return flags
 
     def label(self) -> str:
         text = f"seqs={self.max_num_seqs} gmu={self.gpu_memory_utilization_percent}%"

@@ -1,7 +1,10 @@
-"""SLO evaluation: a trial meets its SLO only on finite measured numbers under every target.
+"""SLO evaluation: a step or trial meets its SLO only on enough finite measured numbers under every target.
 
 Headroom: a latency target T with headroom H% passes when value <= T * (100 - H) / 100, so "Met"
-already includes the margin kept for traffic peaks. Missing data, NaN or inf are Unknown, never Met.
+already includes the margin kept for traffic peaks. Missing data and NaN are Unknown, never Met; a
+latency of +inf (a quantile above the histogram's last finite bucket) is a violation. Where the
+evidence says how many requests a percentile rests on, fewer than `min_samples` is Unknown; where it
+says the queue grew through the window, the load was not steady and cannot pass.
 """
 
 from __future__ import annotations
@@ -10,13 +13,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from batchtune.core.outcomes import Verdict
+from batchtune.core.vocabulary import M, Verdict
 
-# Status metric names of the latency numbers (at the SLO percentile) and the error rate.
-METRIC_TTFT_MS = "ttftMs"
-METRIC_ITL_MS = "itlMs"
-METRIC_E2E_MS = "e2eMs"
-METRIC_ERROR_RATE_PERCENT = "errorRatePercent"
+METRIC_TTFT_MS = M.TTFT_MS
+METRIC_ITL_MS = M.ITL_MS
+METRIC_E2E_MS = M.E2E_MS
+METRIC_ERROR_RATE_PERCENT = M.ERROR_RATE_PERCENT
+
+MIN_SAMPLES = 20
+"""Fewer requests than this behind a step's percentiles and the step is Unknown."""
+QUEUE_GROWTH_REQUESTS = 2.0
+"""A queue that grows by more than this (and by more than half its mean) through the window is no steady state."""
 
 PERCENTILES = {"P50": 50, "P90": 90, "P95": 95, "P99": 99}
 
@@ -31,6 +38,7 @@ class SloTargets:
     max_error_rate_percent: float = 1.0
     headroom_percent: int = 10
     """Margin below each latency target (and below the knee in selection)."""
+    min_samples: int = MIN_SAMPLES
 
     def __post_init__(self) -> None:
         if self.percentile not in PERCENTILES.values():
@@ -90,6 +98,25 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _latency(value: Any) -> float | None:
+    """A latency, where +inf (beyond the last bucket) stays +inf and NaN or junk is None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == math.inf:
+        return math.inf
+    return _finite(value)
+
+
+def not_steady(metrics: Mapping[str, Any]) -> str | None:
+    """Why the load was not a steady state (the queue grew through the window), or None."""
+    growth = _finite(metrics.get(M.WAITING_GROWTH))
+    if growth is None:
+        return None
+    mean = _finite(metrics.get(M.WAITING_REQUESTS)) or 0.0
+    if growth > max(QUEUE_GROWTH_REQUESTS, 0.5 * mean):
+        return (f"the queue grew by {_fmt(growth)} requests through the window (mean {_fmt(mean)} waiting): "
+                "the load exceeds what the setting serves, so no latency measured here holds")
+    return None
+
+
 def _fmt(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".")
 
@@ -108,13 +135,15 @@ def evaluate_slo(metrics: Mapping[str, Any], slo: SloTargets) -> SloVerdict:
     p = f"p{slo.percentile}"
     for metric, target in targets.items():
         label = f"{p} {_LABELS[metric]}"
-        value = _finite(metrics.get(metric))
+        value = _latency(metrics.get(metric))
         if value is None or value < 0:
             unknown.append(f"{label} is not measured ({metric}={metrics.get(metric)!r})")
             continue
         limit = slo.limit(target)
         margin = f"{target} ms target less {slo.headroom_percent}% headroom" if slo.headroom_percent else f"{target} ms target"
-        if value <= limit:
+        if value == math.inf:
+            violated.append(f"{label} is above the highest histogram bucket (> every finite bound; {margin})")
+        elif value <= limit:
             met.append(f"{label} {_fmt(value)} ms <= {_fmt(limit)} ms ({margin})")
         else:
             violated.append(f"{label} {_fmt(value)} ms > {_fmt(limit)} ms ({margin})")
@@ -125,6 +154,12 @@ def evaluate_slo(metrics: Mapping[str, Any], slo: SloTargets) -> SloVerdict:
         violated.append(f"error rate {_fmt(error_rate)}% > {_fmt(slo.max_error_rate_percent)}%")
     else:
         met.append(f"error rate {_fmt(error_rate)}% <= {_fmt(slo.max_error_rate_percent)}%")
+    unsteady = not_steady(metrics)
+    if unsteady:
+        violated.append(unsteady)
+    samples = _finite(metrics.get(M.SAMPLES))
+    if samples is not None and samples < slo.min_samples:
+        unknown.append(f"only {int(samples)} requests behind the percentiles (at least {slo.min_samples} needed)")
     if violated:
         return SloVerdict(Verdict.VIOLATED, tuple(violated + unknown))
     if unknown:

@@ -120,33 +120,30 @@ class ServeConfig:
         return parse_vllm_argv(argv, on_unknown=on_unknown).to_config(gpu)
 
 
-# vLLM flag -> (ServeConfig field, parser)
-def _bool_flag(value: str | None) -> bool:
+# vLLM flag (canonical, as the engine adapter resolves it) -> (ServeConfig field, parser)
+def _switch(value: str | None) -> bool:
     return value is None or value.lower() in ("1", "true", "yes", "on")
+
+
+def _model_len(value: str) -> int:
+    return int(float(value.lower().replace("k", "e3"))) if value.lower().endswith("k") else int(value)
 
 
 _VALUE_FLAGS: dict[str, tuple[str, Callable[[str], object]]] = {
     "max-num-seqs": ("max_num_seqs", int),
     "gpu-memory-utilization": ("gpu_memory_utilization", float),
     "max-num-batched-tokens": ("max_num_batched_tokens", int),
-    "max-model-len": ("max_model_len", lambda v: int(float(v.lower().replace("k", "e3")))
-                      if v.lower().endswith("k") else int(v)),
+    "max-model-len": ("max_model_len", _model_len),
     "tensor-parallel-size": ("tensor_parallel_size", int),
-    "tp": ("tensor_parallel_size", int),
     "dtype": ("dtype", str),
     "quantization": ("quantization", str),
-    "q": ("quantization", str),
     "kv-cache-dtype": ("kv_cache_dtype", str),
     "block-size": ("block_size", int),
 }
-_SERVER_FLAGS = {"port", "host", "served-model-name", "model", "api-key", "uvicorn-log-level"}
-_BOOL_FLAGS = {"enable-chunked-prefill": ("enable_chunked_prefill", True),
-               "no-enable-chunked-prefill": ("enable_chunked_prefill", False),
-               "enforce-eager": ("enforce_eager", True)}
-# vLLM flags that take no value; unknown ones are assumed to take a value unless the next token is a flag.
-_KNOWN_SWITCHES = {"trust-remote-code", "disable-log-requests", "disable-log-stats", "enable-prefix-caching",
-                   "no-enable-prefix-caching", "enable-auto-tool-choice", "disable-frontend-multiprocessing",
-                   "ignore-eos"}
+_SWITCHES = {"enable-chunked-prefill": ("enable_chunked_prefill", True),
+             "no-enable-chunked-prefill": ("enable_chunked_prefill", False),
+             "enforce-eager": ("enforce_eager", True),
+             "no-enforce-eager": ("enforce_eager", False)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,42 +164,18 @@ class VllmArgv:
 def parse_vllm_argv(argv: list[str], on_unknown: Callable[[str], None] | None = None) -> VllmArgv:
     """Parse `vllm serve MODEL ...`, `serve MODEL ...` or `python3 -m vllm.entrypoints.openai.api_server --model M`.
 
-    Both `--flag v` and `--flag=v` work, underscores too. Unknown flags go to `unknown` (and `on_unknown`).
+    The engine adapter's one vLLM grammar reads the argv (`--flag v`, `--flag=v`, underscores, the
+    prefixes vLLM accepts); flags the twin does not model go to `unknown` (and `on_unknown`).
     """
+    from batchtune.engines.vllm import VLLM
+
     args = list(argv)
-    # Strip the launcher: python[3] -m vllm.entrypoints.openai.api_server / vllm serve / serve
-    while args and (args[0].rsplit("/", 1)[-1].startswith("python") or args[0] == "-m"
-                    or args[0].startswith("vllm.entrypoints")):
-        args.pop(0)
-    if args and args[0].rsplit("/", 1)[-1] == "vllm":
-        args.pop(0)
     if args and args[0] == "serve":
-        args.pop(0)
-    model: str | None = None
+        args = ["vllm", *args]
+    model, flags, extra = VLLM.parse_argv(args)
     settings: dict[str, object] = {}
-    host: str | None = None
-    port = 8000
-    served: str | None = None
-    unknown: list[str] = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        i += 1
-        if not token.startswith("-"):
-            if model is None:
-                model = token
-            else:
-                unknown.append(token)
-            continue
-        name, eq, inline = token.lstrip("-").partition("=")
-        name = name.replace("_", "-")
-        value: str | None = inline if eq else None
-        takes_value = name in _VALUE_FLAGS or name in _SERVER_FLAGS or (
-            name not in _BOOL_FLAGS and name not in _KNOWN_SWITCHES)
-        if value is None and takes_value and i < len(args) and not (args[i].startswith("--") or
-                                                                     (args[i].startswith("-") and len(args[i]) == 2 and args[i][1].isalpha())):
-            value = args[i]
-            i += 1
+    unknown: list[str] = [*extra]
+    for name, value in flags.items():
         if name in _VALUE_FLAGS:
             field_name, parse = _VALUE_FLAGS[name]
             if value is None:
@@ -211,22 +184,21 @@ def parse_vllm_argv(argv: list[str], on_unknown: Callable[[str], None] | None = 
                 settings[field_name] = parse(value)
             except ValueError:
                 raise ValueError(f"--{name}: invalid value {value!r}") from None
-        elif name in _BOOL_FLAGS:
-            field_name, on = _BOOL_FLAGS[name]
-            settings[field_name] = on if _bool_flag(value) else not on
-        elif name == "model":
-            model = value
-        elif name == "host":
-            host = value
-        elif name == "port":
-            port = int(value or 8000)
-        elif name == "served-model-name":
-            served = value
-        else:
-            unknown.append(token if value is None or eq else f"{token} {value}")
-            if on_unknown:
-                on_unknown(unknown[-1])
+        elif name in _SWITCHES:
+            field_name, on = _SWITCHES[name]
+            settings[field_name] = on if _switch(value) else not on
+        elif name not in ("model", "host", "port", "served-model-name"):
+            unknown.append(f"--{name}" if value is None else f"--{name} {value}")
+    for text in unknown:
+        if on_unknown:
+            on_unknown(text)
     if not model:
         raise ValueError(f"no model in vLLM argv {argv!r}: expected `vllm serve MODEL` or `--model MODEL`")
-    return VllmArgv(model=model, settings=settings, host=host, port=port, served_model_name=served,
-                    unknown=tuple(unknown))
+    port = flags.get("port")
+    served = flags.get("served-model-name")
+    try:
+        port_number = int(port) if port else 8000
+    except ValueError:
+        raise ValueError(f"--port: invalid value {port!r}") from None
+    return VllmArgv(model=model, settings=settings, host=flags.get("host"), port=port_number,
+                    served_model_name=served.split()[0] if served else None, unknown=tuple(unknown))

@@ -23,8 +23,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.memory import MemoryPlan, RuntimeOutOfMemory, StartupFailure, cudagraph_capture_sizes, \
-    plan_memory, weight_bytes
+from batchtune.twin.memory import (
+    MemoryPlan,
+    RuntimeOutOfMemory,
+    StartupFailure,
+    cudagraph_capture_sizes,
+    plan_memory,
+    weight_bytes,
+)
 from batchtune.twin.perf import FRONTEND_PER_PROMPT_TOKEN_S, FRONTEND_PER_REQUEST_S, StepCostModel
 
 __all__ = ["Engine", "StepOutcome", "TokenEvent", "RequestTooLong", "StartupFailure", "RuntimeOutOfMemory"]

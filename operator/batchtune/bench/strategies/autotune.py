@@ -20,7 +20,6 @@ from batchtune.bench.scenarios import Scenario
 from batchtune.bench.types import Choice, Knobs, Load, Testbed
 
 
-
 @dataclass(frozen=True)
 class AutoTune:
     name: str = "auto_tune"

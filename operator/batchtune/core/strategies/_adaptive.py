@@ -21,28 +21,22 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from batchtune.core.knee import curve_point, find_knee
-from batchtune.core.outcomes import (
-    MEMORY_REASONS,
-    REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH,
-    HistoryEntry,
-    TrialOutcome,
-    TrialState,
-    Verdict,
-)
+from batchtune.core.objective import objective_value
+from batchtune.core.outcomes import MEMORY_REASONS, HistoryEntry, TrialOutcome, TrialState, Verdict
 from batchtune.core.planning import PrunedSetting
 from batchtune.core.settings import Setting
-from batchtune.core.strategies._base import Strategy
-from batchtune.core.objective import objective_value
 from batchtune.core.slo import METRIC_TTFT_MS, SloTargets
+from batchtune.core.strategies._base import Strategy
+from batchtune.core.vocabulary import M, Reason
 
 KV_BOUND_USAGE_PERCENT = 90.0
 """KV-cache usage at or above this (or any preemption) means more GPU memory could help."""
 
 # Peak KV usage / preemption rate over all of a trial's load steps (the operator's trial metrics);
 # with the SLO-capacity objective the plain metrics are the passing step's, below where KV binds.
-KV_USAGE_METRICS = ("kvCacheUsagePeakPercent", "kvCacheUsageMaxPercent", "kvCacheUsagePercent")
-PREEMPTION_METRICS = ("preemptionsPeakPerSecond", "preemptionsPerSecond")
-WAITING_METRIC = "waitingRequests"
+KV_USAGE_METRICS = (M.KV_CACHE_USAGE_PEAK_PERCENT, M.KV_CACHE_USAGE_MAX_PERCENT, M.KV_CACHE_USAGE_PERCENT)
+PREEMPTION_METRICS = (M.PREEMPTIONS_PEAK_PER_SECOND, M.PREEMPTIONS_PER_SECOND)
+WAITING_METRIC = M.WAITING_REQUESTS
 
 Column = tuple[int, int | None]
 
@@ -84,7 +78,7 @@ def _classify(outcome: TrialOutcome, slo: SloTargets) -> _Kind:
     if outcome.state is TrialState.DONE and outcome.verdict is Verdict.VIOLATED:
         return _Kind.TOO_SMALL if queued_ttft_only(outcome, slo) else _Kind.VIOLATED
     if outcome.state is TrialState.INFEASIBLE and (
-        outcome.reason in MEMORY_REASONS or outcome.reason == REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH
+        outcome.reason in MEMORY_REASONS or outcome.reason == Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH
     ):
         return _Kind.VIOLATED
     return _Kind.NOINFO
@@ -102,7 +96,7 @@ def blocked_reason(setting: Setting, history: list[HistoryEntry]) -> str | None:
         if outcome.state is not TrialState.INFEASIBLE or failed == setting:
             continue
         if (
-            outcome.reason == REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH
+            outcome.reason == Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH
             and setting.gpu_memory_utilization_percent >= failed.gpu_memory_utilization_percent
         ):
             return (
@@ -352,21 +346,21 @@ class Adaptive(Strategy):
         out: list[PrunedSetting] = []
         for state in states:
             gate = gates[state.key]
-            lo, hi = state.lo, state.hi
+            hi = state.hi
             for i, setting in enumerate(state.settings):
                 if i in state.kinds:
                     continue
                 if i in state.blocked:
-                    out.append(PrunedSetting(setting, state.blocked[i]))
+                    out.append(PrunedSetting(setting, Reason.DOMINATED, state.blocked[i]))
                 elif gate not in (None, "wait"):
-                    out.append(PrunedSetting(setting, gate))
+                    out.append(PrunedSetting(setting, Reason.DOMINATED, gate))
                 elif i >= hi and hi in state.kinds:
                     out.append(PrunedSetting(
-                        setting, f"dominated: {state.settings[hi].label()} already violated the SLO"
+                        setting, Reason.DOMINATED, f"dominated: {state.settings[hi].label()} already violated the SLO"
                     ))
                 elif i < state.floor:
                     out.append(PrunedSetting(
-                        setting, f"dominated: {state.settings[state.floor].label()} was too small for the load "
-                        "(TTFT failed with requests waiting)"
+                        setting, Reason.DOMINATED, f"dominated: {state.settings[state.floor].label()} was too small "
+                        "for the load (TTFT failed with requests waiting)"
                     ))
         return out

@@ -132,7 +132,7 @@ def curves_png_isolated(trials: Sequence[Mapping[str, Any]], *, chosen: str | No
 
     request = json.dumps({"trials": list(trials), "chosen": chosen, "knee_seqs": knee_seqs, "slo": dict(slo),
                           "percentile": percentile, "title": title}, default=str)
-    done = subprocess.run([sys.executable, "-m", "batchtune.controller.report"], input=request.encode(),
+    done = subprocess.run([sys.executable, "-m", "batchtune.report"], input=request.encode(),
                           capture_output=True, timeout=timeout_s, check=False)
     if done.returncode != 0 or not done.stdout.startswith(b"\x89PNG"):
         raise RuntimeError(f"rendering the curves failed: {done.stderr.decode(errors='replace')[-500:]}")

@@ -1,56 +1,27 @@
-"""Why a trial pod did not become ready: pure classification of pod status into trial verdicts."""
+"""Why a trial pod did not become ready: pure classification of pod status, with the engine's failure texts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
+from batchtune.core.vocabulary import Reason
 
-class FailureReason(StrEnum):
-    OOM_KILLED = "OOMKilled"
-    KV_CACHE_DOES_NOT_FIT = "KvCacheTooSmall"
-    INSUFFICIENT_GPU_MEMORY = "GpuMemoryUtilizationTooHigh"
-    CRASH_LOOP = "CrashLoopBackOff"
-    UNSCHEDULABLE = "Unschedulable"
-    IMAGE_PULL = "ImagePullBackOff"
-    READINESS_TIMEOUT = "ReadinessTimeout"
+if TYPE_CHECKING:
+    from batchtune.engines import Engine
 
 
 @dataclass(frozen=True)
 class TrialFailure:
-    reason: FailureReason
+    reason: Reason
     message: str
 
 
-# vLLM's own startup messages (see shared/reference/vllm-gpu-facts.md §2.3), matched case-insensitively.
-_KV_MESSAGES = (
-    "no available memory for the cache blocks",
-    "larger than the maximum number of tokens that can be stored in kv cache",
-    "to serve at least one request with the models's max seq len",
-    "to serve at least one request with the model's max seq len",
-    "kv cache",
-)
-_MEMORY_MESSAGES = (
-    "free memory on device",
-    "is less than desired gpu memory utilization",
-    "cuda out of memory",
-    "outofmemoryerror",
-)
 _IMAGE_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 
 # An unschedulable trial may only be waiting for another trial's GPU; give the scheduler this long.
 UNSCHEDULABLE_GRACE_SECONDS = 60
-
-
-def _memory_reason(message: str) -> FailureReason | None:
-    text = message.lower()
-    if any(m in text for m in _KV_MESSAGES):
-        return FailureReason.KV_CACHE_DOES_NOT_FIT
-    if any(m in text for m in _MEMORY_MESSAGES):
-        return FailureReason.INSUFFICIENT_GPU_MEMORY
-    return None
 
 
 def _first_line(message: str, limit: int = 400) -> str:
@@ -60,6 +31,14 @@ def _first_line(message: str, limit: int = 400) -> str:
     return line[:limit]
 
 
+def _telling_line(message: str, reason: Reason, engine: Engine, limit: int = 400) -> str:
+    """The line that says `reason` (a traceback's last line is often only "initialization failed")."""
+    for line in reversed(message.strip().splitlines()):
+        if line.strip() and engine.classify_failure(line) == reason:
+            return line.strip()[:limit]
+    return _first_line(message, limit)
+
+
 def _age_seconds(timestamp: str | None, now: datetime) -> float:
     if not timestamp:
         return 0.0
@@ -67,8 +46,8 @@ def _age_seconds(timestamp: str | None, now: datetime) -> float:
     return (now - started).total_seconds()
 
 
-def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime,
-                 readiness_timeout_s: float, created_at: str | None = None) -> TrialFailure | None:
+def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, readiness_timeout_s: float,
+                 engine: Engine, created_at: str | None = None) -> TrialFailure | None:
     """Returns why the pod can never become a ready vLLM server, or None while it still may."""
     status = pod.get("status") or {}
     for cond in status.get("conditions") or []:
@@ -79,7 +58,7 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime,
             waiting_for_gpus = "insufficient nvidia.com/gpu" in message.lower()
             if not waiting_for_gpus and _age_seconds(cond.get("lastTransitionTime") or created_at,
                                                      now) >= UNSCHEDULABLE_GRACE_SECONDS:
-                return TrialFailure(FailureReason.UNSCHEDULABLE, message)
+                return TrialFailure(Reason.UNSCHEDULABLE, message)
 
     for cs in status.get("containerStatuses") or []:
         if container and cs.get("name") != container:
@@ -87,21 +66,21 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime,
         waiting = (cs.get("state") or {}).get("waiting") or {}
         terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
         if waiting.get("reason") in _IMAGE_REASONS:
-            return TrialFailure(FailureReason.IMAGE_PULL, waiting.get("message") or waiting["reason"])
+            return TrialFailure(Reason.IMAGE_PULL_BACK_OFF, waiting.get("message") or waiting["reason"])
         if terminated:
             message = terminated.get("message") or ""
             if terminated.get("reason") == "OOMKilled" or terminated.get("exitCode") == 137:
-                return TrialFailure(FailureReason.OOM_KILLED,
-                                    _first_line(message) or "the vLLM process was killed for using too much memory")
-            memory = _memory_reason(message)
-            if memory is not None:
-                return TrialFailure(memory, _first_line(message))
+                return TrialFailure(Reason.OOM_KILLED,
+                                    _first_line(message) or f"the {engine.display} process was killed for using too much memory")
+            known = engine.classify_failure(message)
+            if known is not None:
+                return TrialFailure(known, _telling_line(message, known, engine))
         if waiting.get("reason") == "CrashLoopBackOff":
             detail = _first_line(terminated.get("message") or "") or waiting.get("message") or "container keeps exiting"
-            return TrialFailure(FailureReason.CRASH_LOOP, detail)
+            return TrialFailure(Reason.CRASH_LOOP_BACK_OFF, detail)
 
     if _age_seconds(created_at or (pod.get("metadata") or {}).get("creationTimestamp"), now) > readiness_timeout_s:
-        return TrialFailure(FailureReason.READINESS_TIMEOUT,
+        return TrialFailure(Reason.READINESS_TIMEOUT,
                             f"not ready after {int(readiness_timeout_s)}s (spec.trial.readinessTimeoutSeconds)")
     return None
 

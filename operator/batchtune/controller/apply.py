@@ -1,0 +1,289 @@
+"""Applying, Verifying, rolling back: production changes that survive crashes and concurrent edits.
+
+Every patch to production is conditional on the resourceVersion just read and carries the
+`batchtune.io/applied` mark in the same request (`core.production`). The command line applied is
+recomputed from production's container and the chosen knobs at apply time, never taken from status.
+A rollback restores only what the mark says was there, only while production still runs what
+batchtune applied.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from batchtune.api import AppliedRecord
+from batchtune.api import ContainerArgs as ArgsRecord
+from batchtune.controller import telemetry
+from batchtune.controller.ports import Conflict, NotAllowed
+from batchtune.controller.prometheus import PrometheusUnavailable
+from batchtune.controller.tick import Target, Tick, iso
+from batchtune.controller.trials import target_changed
+from batchtune.core import verify as verifying
+from batchtune.core.production import (
+    ANNOTATION_APPLIED,
+    ANNOTATION_APPLIED_AT,
+    AppliedMark,
+    MarkState,
+    Restore,
+    args_patch,
+    container_of,
+    fingerprint,
+    rollback_decision,
+    rollout_complete,
+)
+from batchtune.core.recommend import ContainerArgs, production_args
+from batchtune.core.verify import Next, VerifyPolicy
+from batchtune.core.vocabulary import ConditionType, Phase, Reason, Verdict
+
+
+def _record(args: ContainerArgs) -> ArgsRecord:
+    return ArgsRecord.model_validate(args.to_wire())
+
+
+def _args(record: ArgsRecord | None) -> ContainerArgs | None:
+    return None if record is None else ContainerArgs.of(record.model_dump(exclude_none=True))
+
+
+def policy(tick: Tick) -> VerifyPolicy:
+    assert tick.spec is not None
+    a = tick.spec.apply
+    return VerifyPolicy(a.verify_seconds, a.verify_timeout_seconds, a.verify_min_requests, a.max_regression_percent,
+                        a.on_inconclusive_verify)
+
+
+def apply(tick: Tick) -> None:
+    assert tick.spec is not None and tick.status.recommendation is not None
+    target = tick.target()
+    if target is None:
+        return
+    uid, generation = tick.tuning.uid, tick.tuning.generation
+    mark = AppliedMark.read(target.deployment)
+    if mark is not None and mark.by(uid, generation):
+        resume_from_mark(tick, target, mark)  # patched before a crash took the status write
+        return
+    if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
+        target_changed(tick, target)
+        return
+    setting = tick.status.recommendation.setting.core()
+    desired = production_args(target.engine, target.container, setting, tuple(tick.spec.search_space.extra_args or ()))
+    current = ContainerArgs.of(target.container)
+    if current == desired:
+        tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
+        return
+    last = ((target.deployment["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_AT))
+    if last:
+        from datetime import datetime
+
+        try:
+            until = datetime.fromisoformat(last.replace("Z", "+00:00")) + timedelta(seconds=tick.spec.apply.cooldown_seconds)
+        except ValueError:
+            until = tick.now
+        if until > tick.now:
+            tick.waiting(Reason.COOLDOWN_ACTIVE, f"Production was changed at {last}; spec.apply.cooldownSeconds "
+                                                 f"holds the next change until {iso(until)}")
+            return
+    applied = tick.status.applied
+    if applied is None or applied.before is None or _args(applied.previous) != current:
+        # Checkpoint production's window and exact args before touching it.
+        try:
+            before = tick.reader(target.engine).production_window(
+                tick.production(target), tick.now - timedelta(seconds=max(60, tick.spec.apply.verify_seconds)), tick.now)
+        except NotAllowed as exc:
+            tick.not_allowed(exc)
+            return
+        except PrometheusUnavailable as exc:
+            tick.prometheus_down(exc)
+            return
+        tick.status.applied = AppliedRecord(generation=generation, target=target.name, previous=_record(current),
+                                            new=_record(desired), before={k: v for k, v in before.items() if v is not None})
+        return
+    mark = AppliedMark(tick.tuning.name, uid, generation, str(target.container["name"]), current, desired, tick.now)
+    annotations = {ANNOTATION_APPLIED: mark.to_annotation(), ANNOTATION_APPLIED_AT: iso(tick.now)}
+    try:
+        tick.ports.cluster.patch_deployment(tick.tuning.namespace, target.name,
+                                            args_patch(mark.container, desired, annotations, target.resource_version),
+                                            target.resource_version)
+    except Conflict:
+        tick.waiting(Reason.APPLY_CONFLICT, f"Deployment {tick.tuning.namespace}/{target.name} changed while batchtune "
+                                            "was applying; reading it again")
+        return
+    applied.applied_at = tick.now
+    applied.new = _record(desired)
+    label = tick.status.best_setting or setting.label()
+    tick.event(False, Reason.RECOMMENDATION_APPLIED, f"Patched {tick.tuning.namespace}/{target.name} to {label}")
+    tick.log.info("Applied %s to %s", label, target.name)
+    tick.set_phase(Phase.VERIFYING, Reason.APPLIED, f"Verifying {label} on production for at least "
+                                                    f"{tick.spec.apply.verify_seconds}s")
+
+
+def resume_from_mark(tick: Tick, target: Target, mark: AppliedMark) -> None:
+    """Status catches up with what production's own record says this generation did."""
+    applied = tick.status.applied or AppliedRecord(generation=mark.generation, target=target.name)
+    applied.previous = _record(mark.previous)
+    applied.new = _record(mark.applied)
+    applied.applied_at = applied.applied_at or mark.applied_at
+    tick.status.applied = applied
+    if mark.state is MarkState.ROLLED_BACK:
+        applied.rolled_back_at = applied.rolled_back_at or tick.now
+        tick.set_phase(Phase.ROLLED_BACK, Reason.ROLLED_BACK, "Production's record says this change was rolled back")
+    elif mark.state in (MarkState.VERIFIED, MarkState.KEPT):
+        applied.verified_at = applied.verified_at or tick.now
+        tick.set_phase(Phase.SUCCEEDED, Reason.VERIFIED if mark.state is MarkState.VERIFIED else Reason.KEPT_UNVERIFIED,
+                       "Production's record says this change was verified")
+    else:
+        tick.set_phase(Phase.VERIFYING, Reason.APPLIED, "Resumed verifying the change production's record shows")
+
+
+def verify(tick: Tick) -> None:
+    assert tick.spec is not None
+    applied = tick.status.applied
+    target = tick.target(applied.target if applied and applied.target else None)
+    if target is None or applied is None or applied.applied_at is None:
+        return
+    mark = AppliedMark.read(target.deployment)
+    if mark is None or not mark.by(tick.tuning.uid, tick.tuning.generation):
+        changed_by_others(tick, target.name, "its batchtune.io/applied record no longer names this BatchTuning")
+        return
+    if mark.state is not MarkState.APPLIED:
+        resume_from_mark(tick, target, mark)
+        return
+    current = container_of(target.deployment, mark.container)
+    if current is None or ContainerArgs.of(current) != mark.applied:
+        changed_by_others(tick, target.name, "its container's command line is no longer what batchtune applied")
+        return
+    if not rollout_complete(target.deployment):
+        deadline = applied.applied_at + timedelta(seconds=tick.spec.trial.readiness_timeout_seconds)
+        if tick.now > deadline:
+            rollback(tick, Reason.ROLLOUT_STUCK, "the rollout did not complete within "
+                     f"{tick.spec.trial.readiness_timeout_seconds}s (spec.trial.readinessTimeoutSeconds)")
+        else:
+            tick.waiting(Reason.WAITING_FOR_ROLLOUT, f"Waiting for {target.name} to roll out")
+        return
+    if applied.rollout_completed_at is None:
+        applied.rollout_completed_at = tick.now
+        return
+    rules = policy(tick)
+    start = applied.rollout_completed_at
+    end = tick.now - timedelta(seconds=tick.ports.install.scrape_lag_seconds)
+    if end < start + timedelta(seconds=rules.verify_seconds):
+        return
+    try:
+        after = tick.reader(target.engine).production_window(tick.production(target), start, end)
+    except NotAllowed as exc:
+        tick.not_allowed(exc)
+        return
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        if verifying.window_state(rules, start, end, None) is Next.INCONCLUSIVE:
+            inconclusive(tick, target, mark, None, f"Prometheus did not answer: {exc}")
+        return
+    tick.prometheus_ok()
+    requests = after.get("requests")
+    state = verifying.window_state(rules, start, end, requests)
+    if state is Next.WAIT:
+        tick.waiting(Reason.WAITING_FOR_TRAFFIC, f"Production served {int(requests or 0)} of the "
+                     f"{rules.min_requests} requests verify needs (spec.apply.verifyMinRequests); waiting until "
+                     f"{iso(start + timedelta(seconds=rules.timeout_seconds))} at most")
+        return
+    if state is Next.INCONCLUSIVE:
+        inconclusive(tick, target, mark, requests)
+        return
+    result = verifying.judge(tick.slo(), rules.max_regression_percent, applied.before or {}, after)
+    if result.verdict is Verdict.UNKNOWN:
+        if tick.now >= start + timedelta(seconds=rules.timeout_seconds):
+            inconclusive(tick, target, mark, requests, result.reason)
+        else:
+            tick.waiting(Reason.WAITING_FOR_TRAFFIC, f"Not enough evidence yet: {result.reason}")
+        return
+    if result.verdict is Verdict.VIOLATED:
+        rollback(tick, Reason.REGRESSION, result.reason)
+        return
+    if not set_mark(tick, target, mark.with_state(MarkState.VERIFIED)):
+        return
+    applied.verified_at = tick.now
+    applied.after = {k: v for k, v in after.items() if v is not None}
+    message = f"{tick.status.best_setting} verified on production: {result.reason}"
+    tick.set_phase(Phase.SUCCEEDED, Reason.VERIFIED, message)
+    tick.event(False, Reason.VERIFIED, message)
+
+
+def inconclusive(tick: Tick, target: Target, mark: AppliedMark, requests: float | None, why: str = "") -> None:
+    rules = policy(tick)
+    reason, message = verifying.inconclusive(rules, requests, why)
+    if reason is Reason.VERIFY_INCONCLUSIVE:
+        rollback(tick, reason, message)
+        return
+    if not set_mark(tick, target, mark.with_state(MarkState.KEPT)):
+        return
+    assert tick.status.applied is not None
+    tick.status.applied.verified_at = tick.now
+    tick.set_phase(Phase.SUCCEEDED, reason, message)
+    tick.condition(ConditionType.DEGRADED, True, reason, message)
+    tick.event(True, reason, message)
+
+
+def set_mark(tick: Tick, target: Target, mark: AppliedMark) -> bool:
+    """Write the mark's new state onto production (annotations only); False on a conflict (next tick)."""
+    patch = {"metadata": {"resourceVersion": target.resource_version,
+                          "annotations": {ANNOTATION_APPLIED: mark.to_annotation()}}}
+    try:
+        tick.ports.cluster.patch_deployment(tick.tuning.namespace, target.name, patch, target.resource_version)
+    except Conflict:
+        return False
+    return True
+
+
+def changed_by_others(tick: Tick, target: str, what: str) -> None:
+    message = (f"Deployment {tick.tuning.namespace}/{target} was changed by someone else after batchtune applied "
+               f"its setting ({what}); batchtune neither verifies nor rolls back a change it no longer owns")
+    tick.condition(ConditionType.DEGRADED, True, Reason.PRODUCTION_CHANGED_BY_OTHERS, message)
+    tick.fail(Reason.PRODUCTION_CHANGED_BY_OTHERS, message)
+
+
+def restore(tick: Tick, target_name: str) -> Restore:
+    """Put production's previous command line back, if it still runs what this BatchTuning applied.
+
+    `Conflict` when production changed between the read and the patch (decide again next tick).
+    """
+    deployment = tick.ports.cluster.deployment(tick.tuning.namespace, target_name)
+    if deployment is None:
+        return Restore.NOTHING
+    applied = tick.status.applied
+    decision, mark = rollback_decision(deployment, tick.tuning.uid, _args(applied.previous) if applied else None)
+    if decision is not Restore.RESTORE:
+        return decision
+    assert mark is not None
+    rv = str(deployment["metadata"].get("resourceVersion", ""))
+    annotations = {ANNOTATION_APPLIED: mark.with_state(MarkState.ROLLED_BACK).to_annotation()}
+    tick.ports.cluster.patch_deployment(tick.tuning.namespace, target_name,
+                                        args_patch(mark.container, mark.previous, annotations, rv), rv)
+    tick.log.info("Restored %s/%s to its previous args", tick.tuning.namespace, target_name)
+    return Restore.RESTORE
+
+
+def rollback(tick: Tick, reason: Reason, message: str) -> None:
+    applied = tick.status.applied
+    assert applied is not None and applied.target is not None
+    try:
+        decision = restore(tick, applied.target)
+    except Conflict:
+        tick.waiting(Reason.APPLY_CONFLICT, f"Deployment {applied.target} changed while rolling back; reading it again")
+        return
+    if decision in (Restore.CHANGED_BY_OTHERS, Restore.DISAGREES):
+        what = ("its command line is no longer what batchtune applied" if decision is Restore.CHANGED_BY_OTHERS
+                else "its batchtune.io/applied record and this BatchTuning's status name different previous args")
+        changed_by_others(tick, applied.target, what)
+        return
+    applied.rolled_back_at = tick.now
+    telemetry.ROLLBACKS.inc()
+    text = f"Rolled production back to its previous args: {reason.value}: {message}"
+    tick.log.warning("Rolled back %s: %s: %s", applied.target, reason.value, message)
+    tick.set_phase(Phase.ROLLED_BACK, reason, text)
+    tick.condition(ConditionType.DEGRADED, True, reason, text)
+    tick.event(True, Reason.ROLLED_BACK, text)
+
+
+def unverified(tick: Tick) -> bool:
+    """Whether production may run a change of this BatchTuning that is neither verified nor rolled back."""
+    applied = tick.status.applied
+    return bool(applied and applied.applied_at and not applied.verified_at and not applied.rolled_back_at)

@@ -1,0 +1,86 @@
+"""Selecting: the best setting by the core's rules, the recommendation, and the report."""
+
+from __future__ import annotations
+
+from batchtune.api import ContainerArgs, Knee, Recommendation, Setting
+from batchtune.controller import telemetry
+from batchtune.controller.ports import NotAllowed
+from batchtune.controller.prometheus import PrometheusUnavailable
+from batchtune.controller.tick import Tick
+from batchtune.controller.trials import outcome_of
+from batchtune.core.gitops import gitops_manager
+from batchtune.core.objective import Objective
+from batchtune.core.recommend import recommend, replicas_needed
+from batchtune.core.selection import CompletedTrial, select_best
+from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
+
+PEAK_LOOKBACK_SECONDS = 3600
+
+
+def submit_report(tick: Tick) -> None:
+    try:
+        tick.ports.reports.submit(tick.tuning.namespace, tick.tuning.name, tick.tuning.uid,
+                                  dict(tick.tuning.spec), tick.status.to_wire())
+    except Exception as exc:  # noqa: BLE001  # a report is nice to have; the decision must not wait on it
+        tick.log.warning("Report for %s not queued: %s", tick.tuning.name, exc)
+
+
+def select(tick: Tick) -> None:
+    assert tick.spec is not None
+    target = tick.target()
+    if target is None:
+        return
+    objective = Objective(tick.spec.objective.type)
+    trials = tick.status.trials
+    completed = [CompletedTrial(t.name, t.setting.core(), outcome_of(t, objective)) for t in trials if t.state.finished]
+    chosen = select_best(completed, objective, tick.slo())
+    for trial in trials:
+        verdict = chosen.verdicts.get(trial.name)
+        if verdict:
+            trial.verdict_reason = verdict[:1000]
+    tick.status.knee = Knee(max_num_seqs=chosen.knee.max_num_seqs, reason=chosen.knee.reason) if chosen.knee else None
+    started = tick.status.plan.started_at if tick.status.plan else None
+    if started:
+        telemetry.TUNING_DURATION.observe((tick.now - started).total_seconds())
+    best = next((t for t in trials if t.name == chosen.best_trial), None)
+    if best is None or chosen.best is None:
+        reason = chosen.reason
+        if not any(t.state is TrialState.DONE for t in trials):
+            reason += ": no trial finished a measurement (see each trial's reason)"
+        else:
+            reason += ": the SLO (spec.slo) is not met by any setting tried; relax the targets or widen spec.searchSpace"
+        submit_report(tick)
+        tick.fail(Reason.NO_FEASIBLE_SETTING, reason)
+        return
+    try:
+        peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+    except NotAllowed as exc:
+        tick.not_allowed(exc)
+        return
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        return
+    metrics = best.metrics or {}
+    capacity = metrics.get(M.SLO_CAPACITY)
+    if capacity is None and best.verdict is Verdict.MET:
+        capacity = metrics.get(M.REQUEST_THROUGHPUT)  # a load it held within the SLO: a lower bound
+    extra = tuple(tick.spec.search_space.extra_args or ())
+    rec = recommend(target.engine, target.deployment, target.container, chosen.best, extra)
+    tick.status.recommendation = Recommendation(
+        setting=Setting.of(chosen.best), args=rec.container.flat(), reason=chosen.reason[:2000],
+        json_patch=rec.json_patch, kustomize_patch=rec.kustomize_patch, helm_values=rec.helm_values,
+        replicas_hint=replicas_needed(capacity, peak), container_name=rec.container_name,
+        container=ContainerArgs.model_validate(rec.container.to_wire()))
+    tick.status.best_trial = best.name
+    tick.status.best_setting = chosen.best.label()
+    submit_report(tick)
+    manager = gitops_manager(target.deployment)
+    mode = tick.spec.apply.mode.value if tick.spec.apply.mode else ("Recommend" if manager else "Auto")
+    if mode == "Recommend":
+        why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
+               if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
+        message = f"Recommended {chosen.best.label()} ({why}): {chosen.reason}"
+        tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
+        tick.event(False, Reason.RECOMMENDATION_READY, message)
+        return
+    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {chosen.reason}")

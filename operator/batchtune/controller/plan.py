@@ -1,0 +1,118 @@
+"""Pending/Planning: read production, check the spec against the install, plan the candidates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchtune.api import Baseline, EngineLimitsRecord, PlanRecord, PrunedSetting, Setting, WorkloadRecord
+from batchtune.controller.ports import NotAllowed
+from batchtune.controller.prometheus import PrometheusUnavailable
+from batchtune.controller.tick import Target, Tick
+from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
+from batchtune.core.planning import SearchSpace, plan_candidates
+from batchtune.core.policy import load_image_problem
+from batchtune.core.production import fingerprint
+from batchtune.core.vocabulary import Phase, Reason
+from batchtune.engines import ArgsError
+
+WORKLOAD_LOOKBACK_SECONDS = 3600
+MAX_PRUNED_IN_STATUS = 200
+
+
+def spec_problems(tick: Tick, target: Target) -> list[str]:
+    """What the install or the engine refuses in the spec (extra args, load image)."""
+    assert tick.spec is not None
+    problems = target.engine.check_extra_args(tick.spec.search_space.extra_args or [])
+    image = load_image_problem(tick.spec.load.image, tick.ports.install.operator_image, tick.ports.install.load_images)
+    if image:
+        problems.append(image)
+    return problems
+
+
+def gpu_product(tick: Tick, target: Target) -> str | None:
+    """The GPU production runs on: its nodeSelector's product label, else the label of its pods' nodes."""
+    selector = target.pod_spec.get("nodeSelector") or {}
+    if GPU_PRODUCT_LABEL in selector:
+        return str(selector[GPU_PRODUCT_LABEL])
+    cluster = tick.ports.cluster
+    pods = cluster.production_pods(tick.tuning.namespace, (target.deployment.get("spec") or {}).get("selector") or {})
+    node_names = {p["spec"].get("nodeName") for p in pods if (p.get("spec") or {}).get("nodeName")}
+    for node in cluster.nodes() or []:
+        if node["metadata"]["name"] in node_names:
+            product = (node["metadata"].get("labels") or {}).get(GPU_PRODUCT_LABEL)
+            if product:
+                return str(product)
+    return None
+
+
+def plan(tick: Tick) -> None:
+    from batchtune.twin.prefilter import memory_fit
+
+    assert tick.spec is not None
+    target = tick.target()
+    if target is None:
+        return
+    engine = target.engine
+    try:
+        baseline = engine.read(target.container)
+    except ArgsError as exc:
+        tick.fail(Reason.UNSUPPORTED_ARGS, f"Deployment {tick.tuning.namespace}/{target.name}: {exc}")
+        return
+    problems = spec_problems(tick, target)
+    if problems:
+        tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))
+        return
+    try:
+        reader = tick.reader(engine)
+        reader.ping()
+    except NotAllowed as exc:
+        tick.not_allowed(exc)
+        return
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        tick.status.phase = Phase.PLANNING
+        return
+    tick.prometheus_ok()
+    workload: dict[str, Any] | None = None
+    if tick.spec.load.from_production:
+        try:
+            workload = reader.production_workload(tick.production(target), WORKLOAD_LOOKBACK_SECONDS)
+        except PrometheusUnavailable as exc:
+            tick.prometheus_down(exc)
+            return
+        if workload is None:
+            tick.status.phase = Phase.PLANNING
+            tick.waiting(Reason.WAITING_FOR_PRODUCTION_DATA,
+                         f"spec.load.fromProduction: production has no prompt/output length histograms in the last "
+                         f"{WORKLOAD_LOOKBACK_SECONDS}s yet; waiting for traffic (or unset fromProduction)", warn=True)
+            return
+    product = gpu_product(tick, target)
+    fits, note = memory_fit(engine, baseline, product)
+    limits = engine.limits(baseline)
+    space = SearchSpace.from_spec(tick.spec.search_space)
+    candidates = plan_candidates(space, lambda s: engine.invariant_violation(s, limits), fits, limits)
+    tick.status.pruned = [PrunedSetting(setting=Setting.of(p.setting), reason=p.reason, message=p.message[:1000],
+                                        memory_reason=p.memory_reason)
+                          for p in candidates.pruned[:MAX_PRUNED_IN_STATUS]]
+    if not candidates.candidates:
+        tick.fail(Reason.EMPTY_SEARCH_SPACE, "No setting is left to try: " + (candidates.error or ""))
+        return
+    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates))
+    tick.status.baseline = Baseline(
+        engine=engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
+        gpu_memory_utilization_percent=baseline.gpu_memory_utilization_percent,
+        max_num_batched_tokens=baseline.max_num_batched_tokens, args=list(baseline.argv),
+        fingerprint=fingerprint(target.container))
+    tick.status.plan = PlanRecord(
+        gpu_product=product, model=baseline.model, served_model=baseline.served_model or baseline.model,
+        engine_limits=EngineLimitsRecord(max_model_len=limits.max_model_len, chunked_prefill=limits.chunked_prefill,
+                                         max_num_batched_tokens=limits.max_num_batched_tokens),
+        candidates=len(candidates.candidates), notes=[note, *candidates.notes][:20], started_at=tick.now)
+    tick.status.workload = WorkloadRecord.model_validate(workload) if workload else None
+    tick.status.trials_planned = planned
+    tick.status.trials_completed = 0
+    per_trial = container_gpus(target.container)
+    message = (f"{planned} trials planned from {len(candidates.candidates)} candidates "
+               f"({len(candidates.pruned)} pruned), {per_trial} GPU(s) each")
+    tick.set_phase(Phase.TRIALING, Reason.PLANNED, message)
+    tick.event(False, Reason.PLANNED, message)

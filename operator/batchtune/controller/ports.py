@@ -1,0 +1,129 @@
+"""What the reconcile loop asks of the world: Kubernetes, Prometheus, the report renderer, the install.
+
+The loop (`reconcile.py`) only sequences these and the core's decisions. `kube.py` and
+`prometheus.py` implement them for a real cluster; the unit tests implement them in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Protocol, Sequence
+
+from batchtune.controller.prometheus import Production
+from batchtune.core.measurement import Window
+from batchtune.core.promql import QueryContext
+from batchtune.engines import Engine
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409 on a precondition): read again, decide again."""
+
+
+class NotAllowed(Exception):
+    """The install does not allow what the spec asks (an image, a URL, a Secret)."""
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """A load Job as the loop needs it."""
+
+    finished: bool
+    failed: bool
+    started: datetime | None = None
+    ended: datetime | None = None
+    message: str | None = None
+    """Its pod's termination message (the load generator's summary), when it wrote one."""
+
+
+@dataclass(frozen=True)
+class Owned:
+    """The Deployments and Jobs a BatchTuning owns, by name."""
+
+    deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    jobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+class Cluster(Protocol):
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def owned(self, namespace: str, tuning_uid: str) -> Owned: ...
+
+    def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]: ...
+
+    def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun: ...
+
+    def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+
+    def nodes(self) -> list[dict[str, Any]] | None:
+        """All nodes, or None when this install may not list them (namespaced)."""
+
+    def gpu_pods(self) -> list[dict[str, Any]] | None:
+        """Every pod that requests GPUs, or None when this install may not list them."""
+
+    def gpu_intents(self, exclude_uid: str) -> list[int]:
+        """GPUs per trial other BatchTunings decided to start but whose pods do not exist yet."""
+
+    def services(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        """Creates the object unless one of that name exists; True when created."""
+
+    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+
+    def patch_deployment(self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
+        """A strategic-merge patch that applies only if the Deployment is still at `resource_version`."""
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        """A key of a Secret that opted in to batchtune; `NotAllowed` otherwise."""
+
+    def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None: ...
+
+
+class MetricsReader(Protocol):
+    def ping(self) -> None: ...
+
+    def trial_run(self, namespace: str, pod: str, model: str | None, window: Window) -> dict[str, float | None]: ...
+
+    def production_window(self, production: Production, start: datetime, end: datetime) -> dict[str, float | None]: ...
+
+    def production_workload(self, production: Production, lookback_s: int) -> dict[str, Any] | None: ...
+
+    def production_peak_rate(self, production: Production, lookback_s: int) -> float | None: ...
+
+
+class Metrics(Protocol):
+    def reader(self, url: str, token: str | None, ctx: QueryContext, engine: Engine) -> MetricsReader: ...
+
+
+class Reports(Protocol):
+    def submit(self, namespace: str, name: str, uid: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        """Queue the report ConfigMap (tables now, curves image off the reconcile path)."""
+
+
+@dataclass(frozen=True)
+class Install:
+    """What the operator's install allows a BatchTuning (Helm values, passed as flags or environment)."""
+
+    operator_image: str
+    load_images: tuple[str, ...] = ()
+    """Images `spec.load.image` may name, besides the operator's own."""
+    prometheus_urls: tuple[str, ...] = ()
+    """URL prefixes `spec.prometheus.url` may start with; empty: any http(s) URL that is not link-local."""
+    max_gpu_minutes: int = 2880
+    """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
+    secret_label: str = "batchtune.io/prometheus-token"
+    """A Secret is read only if it carries this label with value "true"."""
+    scrape_lag_seconds: float = 6.0
+    """Prometheus needs a couple of scrapes after a run ends before the window is complete."""
+    measurement_deadline_seconds: int = 600
+    """A run whose figures Prometheus cannot give this long after it ended fails its trial."""
+
+
+@dataclass
+class Ports:
+    cluster: Cluster
+    metrics: Metrics
+    reports: Reports
+    install: Install
+    engines: Sequence[Engine] = ()

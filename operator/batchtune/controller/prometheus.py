@@ -1,0 +1,195 @@
+"""The one place that reads Prometheus: trial runs, production windows, workload, peaks.
+
+Queries come from `core.promql` with the BatchTuning's configured metric and label names. Missing
+data is None ("unknown"), never zero. A query answers one series, because every query aggregates
+(sum for rates and watts, avg for ratios, max for peaks); more than one series back means the
+aggregation did not hold, and that figure is unknown, never the largest. Prometheus unreachable, an
+HTTP error, a 200 with an error body, missing or null `data`, or a result of the wrong type is
+`PrometheusUnavailable`, with a short sanitised message (never the body itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+
+from batchtune.core import promql
+from batchtune.core.measurement import Window
+from batchtune.core.promql import QueryContext, Selector
+from batchtune.core.verify import ARRIVAL_RATE, SERVED_SHARE
+from batchtune.core.vocabulary import M
+
+log = logging.getLogger(__name__)
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus could not answer; callers treat every value as unknown."""
+
+
+def sanitize(text: str, limit: int = 160) -> str:
+    """Printable ASCII only, cut: what a remote answer may put into status or a terminal."""
+    return _UNPRINTABLE.sub(" ", str(text)).strip()[:limit]
+
+
+@dataclass(frozen=True)
+class Production:
+    """Production's pods for the queries that read it."""
+
+    namespace: str
+    pods: tuple[str, ...]
+    model: str | None = None
+
+
+class PrometheusReader:
+    """Reads one BatchTuning's figures (its metric names, labels and percentile) from one Prometheus."""
+
+    def __init__(self, url: str, ctx: QueryContext, *, token: str | None = None, timeout_s: float = 10.0,
+                 on_query: Callable[[], None] | None = None, on_error: Callable[[], None] | None = None,
+                 finished_reason_label: str | None = None, error_reasons: tuple[str, ...] = ()) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self.url = url
+        self.ctx = ctx
+        self.timeout_s = timeout_s
+        self.on_query = on_query
+        self.on_error = on_error
+        self.finished_reason_label = finished_reason_label
+        self.error_reasons = error_reasons
+        self._conn = PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=None)
+
+    # ---- the raw query ----------------------------------------------------------------------
+
+    def _result(self, promql_text: str, at: float | None) -> list[dict[str, Any]]:
+        # No sleeping retries here: the reconcile loop retries on its next tick with back-off.
+        params = {"time": f"{at:.3f}"} if at is not None else None
+        if self.on_query:
+            self.on_query()
+        try:
+            result = self._conn.custom_query(promql_text, params=params, timeout=self.timeout_s)
+        except PrometheusApiClientException as exc:
+            self._failed()
+            code = re.search(r"HTTP Status Code (\d+)", str(exc))
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP {code.group(1) if code else 'error'}") from None
+        except requests.RequestException as exc:
+            self._failed()
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: {type(exc).__name__}") from None
+        except (KeyError, TypeError, ValueError):
+            self._failed()
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: an answer without data (error body or malformed JSON)") \
+                from None
+        if not isinstance(result, list) or any(not isinstance(s, dict) for s in result):
+            self._failed()
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: an answer that is not an instant vector")
+        return result
+
+    def _failed(self) -> None:
+        if self.on_error:
+            self.on_error()
+
+    def scalar(self, promql_text: str, at: float | None = None) -> float | None:
+        """One number from an instant query: None when empty, NaN, or not exactly one series."""
+        values = []
+        for sample in self._result(promql_text, at):
+            value = _value(sample)
+            if value is not None:
+                values.append(value)
+        if len(values) > 1:
+            log.warning("Query returned %d series where one was expected; the figure is unknown: %s",
+                        len(values), promql_text)
+            return None
+        return values[0] if values else None
+
+    def vector(self, promql_text: str, at: float | None = None) -> list[tuple[Mapping[str, str], float]]:
+        out = []
+        for sample in self._result(promql_text, at):
+            value = _value(sample)
+            if value is not None:
+                metric = sample.get("metric")
+                out.append((dict(metric) if isinstance(metric, dict) else {}, value))
+        return out
+
+    def ping(self) -> None:
+        self._result("vector(1)", None)
+
+    # ---- what the operator reads ------------------------------------------------------------
+
+    def trial_run(self, namespace: str, pod: str, model: str | None, window: Window) -> dict[str, float | None]:
+        """One load run's engine and GPU figures over its measurement window."""
+        at = window.end.timestamp()
+        queries = promql.trial_queries(self.ctx, namespace, pod, model, window.seconds)
+        values = {name: self.scalar(q, at) for name, q in queries.items()}
+        values[M.KV_POOL_TOKENS] = self.kv_pool(namespace, pod, at)
+        return values
+
+    def kv_pool(self, namespace: str, pod: str, at: float | None = None) -> float | None:
+        for labels, _ in self.vector(promql.kv_pool_query(self.ctx, namespace, pod), at):
+            try:
+                return float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+            except (KeyError, ValueError):
+                continue
+        return None
+
+    def production_window(self, production: Production, start: datetime, end: datetime) -> dict[str, float | None]:
+        """Production's SLO figures, error rate, served share of the offered load and request count."""
+        window = max(1, int((end - start).total_seconds()))
+        sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
+        queries = promql.production_queries(self.ctx, sel, window, self.finished_reason_label, self.error_reasons)
+        at = end.timestamp()
+        raw = {name: self.scalar(q, at) for name, q in queries.items()}
+        out: dict[str, float | None] = {k: raw.get(k) for k in (M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.REQUEST_THROUGHPUT,
+                                                                 M.OUTPUT_THROUGHPUT, M.WAITING_REQUESTS, M.REQUESTS)}
+        finished, failed, growth = raw.get(M.REQUEST_THROUGHPUT), raw.get("failedThroughput"), raw.get("inSystemGrowth")
+        if finished is not None:
+            if finished > 0:
+                out[M.ERROR_RATE_PERCENT] = 100.0 * (failed or 0.0) / finished if "failedThroughput" in raw else None
+            elif out.get(M.REQUESTS) == 0:
+                out[M.ERROR_RATE_PERCENT] = 0.0
+            arrived = finished + max(0.0, growth or 0.0) / window
+            out[ARRIVAL_RATE] = arrived
+            out[SERVED_SHARE] = 100.0 * finished / arrived if arrived > 0 else None
+        return {k: (round(v, 4) if v is not None and math.isfinite(v) else v) for k, v in out.items()}
+
+    def production_workload(self, production: Production, lookback_s: int) -> dict[str, Any] | None:
+        """Mean prompt and output lengths and the request rate production served over the lookback."""
+        if not production.pods:
+            return None
+        sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
+        names = self.ctx.names
+        w = lookback_s
+        prompt = self.scalar(promql.histogram_mean((names["request_prompt_tokens"],), sel, w))
+        output = self.scalar(promql.histogram_mean((names["request_generation_tokens"],), sel, w))
+        rate = self.scalar(promql.counter_rate(names.candidates("request_success"), sel, w))
+        if prompt is None or output is None:
+            return None
+        out: dict[str, Any] = {"inputTokens": max(1, round(prompt)), "outputTokens": max(1, round(output)),
+                               "source": "production"}
+        if rate:
+            out["requestsPerMinute"] = max(1, round(rate * 60))
+        return out
+
+    def production_peak_rate(self, production: Production, lookback_s: int) -> float | None:
+        """Production's highest 1-minute request rate (requests per second) over the lookback."""
+        if not production.pods:
+            return None
+        sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
+        inner = promql.counter_rate(self.ctx.names.candidates("request_success"), sel, 60)
+        return self.scalar(f"max_over_time(({inner})[{int(lookback_s)}s:30s])")
+
+
+def _value(sample: Mapping[str, Any]) -> float | None:
+    try:
+        value = float(sample["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if not math.isnan(value) else None
+
+
+__all__ = ["Production", "PrometheusReader", "PrometheusUnavailable", "Selector", "sanitize"]

@@ -1,0 +1,141 @@
+"""The level-based reconcile: look at spec, status, owned objects and Prometheus; take the next step.
+
+    patch = reconcile(tuning, ports, now, log)     # the status patch to write
+
+Phases: Pending -> Planning -> Trialing -> Selecting -> Applying -> Verifying -> Succeeded |
+RolledBack | Failed (Recommend mode: Selecting -> Recommended). Every step is safe to repeat:
+objects have deterministic names, are created only if missing, and an intent is written to status
+before the object it describes is created. Every tick ends with the garbage pass, which deletes
+owned objects status no longer needs (finished trials, superseded load runs, everything in a
+terminal phase), so a trial's objects outlive its outcome's status write, never the reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from batchtune.api import InvalidBatchTuning, parse_spec
+from batchtune.controller import apply as applying
+from batchtune.controller import status as status_io
+from batchtune.controller.decide import select
+from batchtune.controller.plan import plan
+from batchtune.controller.ports import Conflict, Ports
+from batchtune.controller.tick import Tick, Tuning
+from batchtune.controller.trials import trials
+from batchtune.core.production import Restore
+from batchtune.core.vocabulary import Phase, Reason
+
+STEPS = {
+    Phase.PENDING: plan, Phase.PLANNING: plan, Phase.TRIALING: trials, Phase.SELECTING: select,
+    Phase.APPLYING: applying.apply, Phase.VERIFYING: applying.verify,
+}
+
+
+def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: logging.Logger) -> dict:
+    """One tick: the status patch that records the step taken (empty when nothing changed)."""
+    tick = Tick(tuning, ports, now, log)
+    before = status_io.wire(tick.status)
+    try:
+        step(tick)
+    finally:
+        collect_garbage(tick)
+    return status_io.patch(before, tick.status)
+
+
+def step(tick: Tick) -> None:
+    observed = tick.status.observed_generation
+    if observed is not None and observed != tick.tuning.generation:
+        restart(tick)
+        return
+    if tick.phase.terminal:
+        return
+    try:
+        tick.spec = parse_spec(dict(tick.tuning.spec or {}))
+    except InvalidBatchTuning as exc:
+        tick.status.observed_generation = tick.tuning.generation
+        tick.fail(Reason.INVALID_SPEC, str(exc))
+        return
+    if tick.backing_off():
+        return  # Prometheus failed recently; the next try waits out the back-off
+    if observed is None:
+        tick.status.observed_generation = tick.tuning.generation
+        tick.status.phase = Phase.PENDING
+    STEPS[tick.phase](tick)
+
+
+def restart(tick: Tick) -> None:
+    """A new generation of the spec: restore production if this BatchTuning left it unverified, plan again.
+
+    Nothing of the old generation carries over but the trial counter (names are never reused).
+    """
+    if applying.unverified(tick):
+        applied = tick.status.applied
+        assert applied is not None and applied.target is not None
+        try:
+            decision = applying.restore(tick, applied.target)
+        except Conflict:
+            tick.waiting(Reason.APPLY_CONFLICT, f"Deployment {applied.target} changed while restoring it; retrying")
+            return  # the old generation stays until production is safe
+        if decision is Restore.RESTORE:
+            tick.event(True, Reason.ROLLED_BACK, f"Restored {applied.target}'s previous args (spec changed to "
+                                                 f"generation {tick.tuning.generation} before the change was verified)")
+        elif decision is not Restore.NOTHING:
+            tick.event(True, Reason.PRODUCTION_CHANGED_BY_OTHERS,
+                       f"{applied.target} was changed by someone else; the unverified change was not restored")
+    kept = tick.status.next_trial_index
+    conditions = tick.status.conditions
+    fresh = status_io.load({})
+    fresh.next_trial_index = kept
+    fresh.conditions = conditions
+    fresh.observed_generation = tick.tuning.generation
+    tick.status = fresh
+    tick.set_phase(Phase.PENDING, Reason.SPEC_CHANGED, f"Spec generation {tick.tuning.generation}: planning again")
+    tick.event(False, Reason.SPEC_CHANGED, f"Spec changed (generation {tick.tuning.generation}); planning again")
+    tick.log.info("Restarted tuning %s for generation %s", tick.tuning.name, tick.tuning.generation)
+
+
+def collect_garbage(tick: Tick) -> None:
+    """Delete owned Deployments and Jobs status does not need: only active trials keep theirs."""
+    needed_deployments: set[str] = set()
+    needed_jobs: set[str] = set()
+    if not tick.phase.terminal:
+        for trial in tick.status.trials:
+            if trial.state.finished:
+                continue
+            needed_deployments.add(trial.name)
+            needed_jobs.update(s.job for s in trial.steps if s.job and s.verdict is None)
+    owned = tick.ports.cluster.owned(tick.tuning.namespace, tick.tuning.uid)
+    # Judge by status as it was read: what this tick decided is written first, deleted next tick.
+    written = status_io.load(tick.tuning.status)
+    if written.observed_generation == tick.tuning.generation and not (written.phase or Phase.PENDING).terminal:
+        for trial in written.trials:
+            if not trial.state.finished:
+                needed_deployments.add(trial.name)
+                needed_jobs.update(s.job for s in trial.steps if s.job and s.verdict is None)
+    for name in owned.jobs:
+        if name not in needed_jobs:
+            tick.ports.cluster.delete("Job", tick.tuning.namespace, name)
+    for name in owned.deployments:
+        if name not in needed_deployments:
+            tick.ports.cluster.delete("Deployment", tick.tuning.namespace, name)
+
+
+def on_delete(tuning: Tuning, ports: Ports, now: datetime, log: logging.Logger) -> None:
+    """The BatchTuning is going: restore production if its change is unverified, delete what it owns.
+
+    Raises `Conflict` while production changes under the restore, so the finalizer stays and kopf retries.
+    """
+    tick = Tick(tuning, ports, now, log)
+    if applying.unverified(tick):
+        applied = tick.status.applied
+        assert applied is not None and applied.target is not None
+        if applying.restore(tick, applied.target) is Restore.RESTORE:
+            tick.event(True, Reason.ROLLED_BACK, "BatchTuning deleted before its change was verified; "
+                                                 "restored production's previous args")
+    owned = ports.cluster.owned(tuning.namespace, tuning.uid)
+    for name in owned.jobs:
+        ports.cluster.delete("Job", tuning.namespace, name)
+    for name in owned.deployments:
+        ports.cluster.delete("Deployment", tuning.namespace, name)
+    log.info("Cleaned up tuning %s (%d objects)", tuning.name, len(owned.jobs) + len(owned.deployments))

@@ -1,0 +1,424 @@
+"""Trialing: advance every running trial one step, start new ones while the search, GPUs and budget allow.
+
+Intent first: a trial is written to status before its Deployment is created, a load run's Job name
+before the Job; an outcome is written before the trial's objects go (the garbage pass deletes
+objects of finished trials on a later tick, once status says so). Every step is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord
+from batchtune.api.models import BatchTuningSpec
+from batchtune.controller.ports import NotAllowed, Owned
+from batchtune.controller.prometheus import PrometheusUnavailable
+from batchtune.controller.tick import Target, Tick
+from batchtune.core import measurement, protocol
+from batchtune.core.gpus import container_gpus, eligible_nodes, node_usage, trials_that_fit
+from batchtune.core.manifests import LoadProfile, build_load_job, build_trial_deployment, load_job_name, trial_name
+from batchtune.core.objective import Objective, objective_value
+from batchtune.core.outcomes import HistoryEntry, TrialOutcome
+from batchtune.core.planning import EngineLimits, SearchSpace
+from batchtune.core.planning import PrunedSetting as CorePruned
+from batchtune.core.pods import TrialFailure, classify_pod, pod_is_ready
+from batchtune.core.policy import gpu_minutes_budget
+from batchtune.core.production import fingerprint
+from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
+from batchtune.core.search import Search
+from batchtune.core.slo import SloTargets
+from batchtune.core.vocabulary import Phase, Reason, TrialState, Verdict
+
+# A load run whose data never shows up is run again this many times, then the trial is Failed.
+MAX_MEASURE_ATTEMPTS = 3
+# Failures that say the setting itself cannot work: the search prunes on them.
+INFEASIBLE = frozenset({Reason.OOM_KILLED, Reason.OUT_OF_MEMORY, Reason.KV_CACHE_TOO_SMALL,
+                        Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH, Reason.ENGINE_REFUSED_ARGS,
+                        Reason.CRASH_LOOP_BACK_OFF})
+
+
+# ---- status <-> protocol -------------------------------------------------------------------
+
+
+def protocol_config(spec: BatchTuningSpec, workload: Mapping[str, Any] | None) -> ProtocolConfig:
+    """How this BatchTuning measures its trials."""
+    objective = Objective(spec.objective.type)
+    load = spec.load
+    rate = load.requests_per_minute
+    production_rate = (workload or {}).get("requestsPerMinute")
+    if rate is None and load.concurrency is None and load.from_production and production_rate \
+            and objective is not Objective.SLO_CAPACITY:
+        rate = int(production_rate)  # production's own arrival rate, as an open loop
+    fixed = rate if rate is not None else load.concurrency
+    return ProtocolConfig(objective=objective, slo=SloTargets.from_spec(spec.slo), open_loop=rate is not None,
+                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed)
+
+
+def step_result(step: LoadStepRecord) -> StepResult:
+    assert step.verdict is not None
+    return StepResult(step.load, dict(step.metrics or {}), Verdict(step.verdict), step.verdict_reason or "",
+                      step.margin if step.margin is not None else -math.inf, step.cross_check)
+
+
+def close(step: LoadStepRecord, config: ProtocolConfig) -> None:
+    closed = protocol.close_step(step.load, [RunResult(r.metrics, r.cross_check) for r in step.results], config)
+    step.metrics = dict(closed.metrics)
+    step.verdict = closed.verdict
+    step.verdict_reason = closed.verdict_reason
+    step.margin = closed.margin if math.isfinite(closed.margin) else None
+    step.cross_check = closed.cross_check
+    step.results = []  # keep status small: the step's summary stays, per-repeat data goes
+    step.job = None
+
+
+def outcome_of(trial: TrialRecord, objective: Objective) -> TrialOutcome:
+    metrics = dict(trial.metrics or {})
+    return TrialOutcome(TrialState(trial.state), Verdict(trial.verdict or Verdict.UNKNOWN),
+                        objective_value(objective, metrics), metrics, str(trial.reason or ""), trial.message or "")
+
+
+def history(trials: list[TrialRecord], objective: Objective) -> tuple[list[HistoryEntry], list[Any]]:
+    """Finished trials as (Setting, TrialOutcome) in trial order, and the settings still running."""
+    done: list[HistoryEntry] = []
+    pending = []
+    for trial in trials:
+        if trial.state.finished:
+            done.append((trial.setting.core(), outcome_of(trial, objective)))
+        else:
+            pending.append(trial.setting.core())
+    return done, pending
+
+
+def search(tick: Tick) -> Search:
+    """The strategy rebuilt from spec and status alone (pure), so a restarted operator asks the same."""
+    assert tick.spec is not None and tick.status.plan is not None
+    from batchtune.engines import engine_named
+
+    engine = engine_named(tick.status.baseline.engine if tick.status.baseline and tick.status.baseline.engine else "vllm")
+    limits_record = tick.status.plan.engine_limits
+    limits = EngineLimits(limits_record.max_model_len, limits_record.chunked_prefill is not False,
+                          limits_record.max_num_batched_tokens) if limits_record else EngineLimits()
+    pruned = [CorePruned(p.setting.core(), p.reason, p.message, p.memory_reason) for p in tick.status.pruned]
+    return Search.start(tick.spec.strategy.type.value, SearchSpace.from_spec(tick.spec.search_space),
+                        lambda s: engine.invariant_violation(s, limits), pruned, tick.slo(),
+                        Objective(tick.spec.objective.type), tick.spec.strategy.seed, tick.spec.strategy.max_trials)
+
+
+def gpu_minutes(trials: list[TrialRecord], now: datetime) -> float:
+    total = 0.0
+    for trial in trials:
+        if trial.started_at is None or not trial.gpus:
+            continue
+        end = trial.finished_at or now
+        total += trial.gpus * max(0.0, (end - trial.started_at).total_seconds()) / 60
+    return round(total, 2)
+
+
+# ---- the phase -----------------------------------------------------------------------------
+
+
+def trials(tick: Tick) -> None:
+    assert tick.spec is not None
+    target = tick.target()
+    if target is None:
+        return
+    if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
+        target_changed(tick, target)
+        return
+    owned = tick.ports.cluster.owned(tick.tuning.namespace, tick.tuning.uid)
+    config = protocol_config(tick.spec, tick.status.workload.to_wire() if tick.status.workload else None)
+    for trial in tick.status.trials:
+        if trial.state in (TrialState.PENDING, TrialState.DEPLOYING):
+            deploying(tick, target, trial, owned)
+        elif trial.state in (TrialState.WARMING, TrialState.MEASURING):
+            measuring(tick, target, trial, owned, config)
+    tick.status.gpu_minutes = gpu_minutes(tick.status.trials, tick.now)
+    budget = gpu_minutes_budget(tick.spec.strategy.max_gpu_minutes, tick.ports.install.max_gpu_minutes)
+    exhausted = tick.status.gpu_minutes >= budget
+    if exhausted:
+        for trial in tick.status.trials:
+            if not trial.state.finished:
+                finish(tick, trial, TrialState.FAILED, Reason.GPU_BUDGET_EXHAUSTED,
+                       f"the tuning reached its GPU budget of {budget} GPU-minutes (spec.strategy.maxGpuMinutes, "
+                       "capped by the install)", Verdict.UNKNOWN)
+    strategy_done = False if exhausted else launch(tick, target, owned)
+    finished = [t for t in tick.status.trials if t.state.finished]
+    tick.status.trials_completed = len(finished)
+    active = [t for t in tick.status.trials if not t.state.finished]
+    if not active and (exhausted or strategy_done or len(tick.status.trials) >= tick.status.trials_planned):
+        why = f"{len(finished)} trials finished" + (f"; GPU budget of {budget} GPU-minutes reached" if exhausted else "")
+        tick.set_phase(Phase.SELECTING, Reason.GPU_BUDGET_EXHAUSTED if exhausted else Reason.TRIALS_DONE, why)
+        if exhausted:
+            tick.event(True, Reason.GPU_BUDGET_EXHAUSTED, why)
+
+
+def target_changed(tick: Tick, target: Target) -> None:
+    """Production's container changed under the tuning: the measurements no longer hold, plan again."""
+    message = (f"Deployment {tick.tuning.namespace}/{target.name} changed its engine container (image, command, args, "
+               "env or resources) during tuning; the trials measured the old one, so tuning starts over")
+    for trial in tick.status.trials:
+        if not trial.state.finished:
+            finish(tick, trial, TrialState.FAILED, Reason.TARGET_CHANGED, message, Verdict.UNKNOWN)
+    tick.status.trials = []
+    tick.status.pruned = []
+    tick.status.plan = None
+    tick.status.baseline = None
+    tick.status.trials_planned = 0
+    tick.status.trials_completed = 0
+    tick.set_phase(Phase.PENDING, Reason.TARGET_CHANGED, message)
+    tick.event(True, Reason.TARGET_CHANGED, message)
+
+
+def launch(tick: Tick, target: Target, owned: Owned) -> bool:
+    """Start trials while slots, GPUs and the search allow; True when the search has nothing more to ask."""
+    assert tick.spec is not None
+    trials_ = tick.status.trials
+    active = [t for t in trials_ if not t.state.finished]
+    budget = tick.status.trials_planned - len(trials_)
+    slots = min(tick.spec.strategy.max_parallel_trials - len(active), budget)
+    if slots <= 0:
+        return budget <= 0
+    per_trial = container_gpus(target.container)
+    if per_trial:
+        fit = gpus_free_for(tick, target, per_trial, owned)
+        if fit is not None:
+            slots = min(slots, fit)
+            if slots <= 0:
+                tick.waiting(Reason.WAITING_FOR_GPUS,
+                             f"No node has {per_trial} free nvidia.com/gpu for the next trial"
+                             + (f" (product {tick.status.plan.gpu_product})" if tick.status.plan and
+                                tick.status.plan.gpu_product else "") + "; waiting")
+                return False
+    objective = Objective(tick.spec.objective.type)
+    the_search = search(tick)
+    for _ in range(slots):
+        done, pending = history(trials_, objective)
+        setting = the_search.ask(done, pending)
+        if setting is None:
+            return not pending
+        index = tick.status.next_trial_index
+        tick.status.next_trial_index = index + 1
+        trial = TrialRecord(index=index, name=trial_name(tick.tuning.name, index), setting=Setting.of(setting),
+                            state=TrialState.DEPLOYING, started_at=tick.now, gpus=per_trial)
+        trials_.append(trial)
+        # The Deployment is created on the next tick, after this intent is in status.
+        tick.event(False, Reason.TRIAL_STARTED, f"Trial {trial.name}: {setting.label()}")
+        tick.log.info("Started trial %s: %s", trial.name, setting.label())
+    return False
+
+
+def gpus_free_for(tick: Tick, target: Target, per_trial: int, owned: Owned) -> int | None:
+    """How many more trials fit on production's kind of node; None when this install cannot see nodes."""
+    cluster = tick.ports.cluster
+    nodes = cluster.nodes()
+    pods = cluster.gpu_pods()
+    if nodes is None or pods is None:
+        return None
+    product = tick.status.plan.gpu_product if tick.status.plan else None
+    eligible = eligible_nodes(nodes, target.pod_spec.get("nodeSelector") or {}, product)
+    usage, unbound = node_usage(eligible, pods)
+    # Our own trials decided but not created yet hold GPUs as much as pods do.
+    ours = [t.gpus for t in tick.status.trials if t.state is TrialState.DEPLOYING and t.gpus
+            and t.name not in owned.deployments]
+    return trials_that_fit(usage, unbound + ours + cluster.gpu_intents(tick.tuning.uid), per_trial)
+
+
+def trial_pod(tick: Tick, trial: TrialRecord) -> dict[str, Any] | None:
+    pods = tick.ports.cluster.trial_pods(tick.tuning.namespace, tick.tuning.name, trial.index)
+    # A pod the node rejected (phase Failed) is replaced by its ReplicaSet; never judge by it.
+    pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")]
+    return max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "") if pods else None
+
+
+def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> None:
+    assert tick.spec is not None
+    if trial.name not in owned.deployments:
+        services = [s.get("spec", {}).get("selector") or {} for s in tick.ports.cluster.services(tick.tuning.namespace)]
+        manifest = build_trial_deployment(
+            target.engine, target.deployment, target.container, tick.tuning.name, tick.tuning.uid,
+            tick.tuning.namespace, trial.index, trial.setting.core(), tuple(tick.spec.search_space.extra_args or ()),
+            services, tick.status.plan.gpu_product if tick.status.plan else None)
+        if tick.ports.cluster.create(manifest):
+            tick.log.info("Created trial Deployment %s", trial.name)
+        return
+    pod = trial_pod(tick, trial)
+    readiness = tick.spec.trial.readiness_timeout_seconds
+    if pod is not None and pod_is_ready(pod):
+        trial.pod_ip = (pod.get("status") or {}).get("podIP")
+        trial.port = target.engine.serving_port(target.container)
+        trial.ready_at = tick.now
+        trial.state = TrialState.MEASURING
+        tick.log.info("Trial %s is ready at %s", trial.name, trial.pod_ip)
+        return
+    failure = classify_pod(pod, str(target.container["name"]), tick.now, readiness, target.engine,
+                           created_at=_iso(trial.started_at)) if pod else None
+    if pod is None and trial.started_at and trial.started_at + timedelta(seconds=readiness) < tick.now:
+        failure = TrialFailure(Reason.READINESS_TIMEOUT, f"no ready pod after {readiness}s "
+                                                         "(spec.trial.readinessTimeoutSeconds)")
+    if failure is not None:
+        failed(tick, trial, failure)
+
+
+def failed(tick: Tick, trial: TrialRecord, failure: TrialFailure) -> None:
+    infeasible = failure.reason in INFEASIBLE
+    finish(tick, trial, TrialState.INFEASIBLE if infeasible else TrialState.FAILED, failure.reason, failure.message,
+           Verdict.VIOLATED if infeasible else Verdict.UNKNOWN)
+    tick.event(True, Reason.TRIAL_INFEASIBLE if infeasible else Reason.TRIAL_FAILED,
+               f"Trial {trial.name} ({trial.setting.summary()}): {failure.reason.value}: {failure.message}")
+
+
+def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, config: ProtocolConfig) -> None:
+    assert tick.spec is not None
+    pod = trial_pod(tick, trial)
+    if pod is None or not pod_is_ready(pod):
+        failure = classify_pod(pod, str(target.container["name"]), tick.now, 0, target.engine) if pod else None
+        failed(tick, trial, failure or TrialFailure(Reason.TRIAL_POD_LOST,
+                                                    "the trial pod stopped being ready under load"))
+        return
+    steps = trial.steps
+    current = next((s for s in steps if s.verdict is None), None)
+    if current is None:
+        load = next_load(tick, trial, config)
+        if load is None:
+            conclude(tick, trial, config)
+            return
+        current = LoadStepRecord(load=load)
+        steps.append(current)
+    name = load_job_name(tick.tuning.name, trial.index, len(steps) - 1, current.repeat, current.attempt)
+    if current.job != name:
+        current.job = name
+        return  # intent first; the Job is created on the next tick
+    job = owned.jobs.get(name)
+    if job is None:
+        create_load_job(tick, target, trial, current, name)
+        trial.state = TrialState.WARMING
+        return
+    run = tick.ports.cluster.job_run(tick.tuning.namespace, job)
+    if not run.finished:
+        if run.started and run.started + timedelta(seconds=tick.spec.trial.warmup_seconds) < tick.now:
+            trial.state = TrialState.MEASURING
+        return
+    if run.failed:
+        retry(tick, trial, current, Reason.LOAD_GENERATOR_FAILED,
+              f"the load generator failed: {(run.message or 'no termination message')[:300]}")
+        return
+    summary = _summary(run.message)
+    window = measurement.measurement_window(summary, run.started, run.ended, tick.spec.trial.warmup_seconds)
+    if window is None:
+        retry(tick, trial, current, Reason.MEASUREMENT_UNAVAILABLE, "the load run has no measurement window")
+        return
+    if window.end + timedelta(seconds=tick.ports.install.scrape_lag_seconds) > tick.now:
+        return  # Prometheus needs a scrape or two after the run before its window is complete
+    try:
+        values = tick.reader(target.engine).trial_run(tick.tuning.namespace, str(pod["metadata"]["name"]),
+                                                      tick.status.plan.served_model if tick.status.plan else None,
+                                                      window)
+    except NotAllowed as exc:
+        tick.not_allowed(exc)
+        return
+    except PrometheusUnavailable as exc:
+        # Keep the Job: its window stays in Prometheus' storage for when it comes back, up to a deadline.
+        tick.prometheus_down(exc)
+        current.unavailable_since = current.unavailable_since or tick.now
+        if tick.now - current.unavailable_since > timedelta(seconds=tick.ports.install.measurement_deadline_seconds):
+            finish(tick, trial, TrialState.FAILED, Reason.MEASUREMENT_UNAVAILABLE,
+                   f"Prometheus did not give this run's figures for {tick.ports.install.measurement_deadline_seconds}s: "
+                   f"{exc}", Verdict.UNKNOWN)
+        return
+    tick.prometheus_ok()
+    current.unavailable_since = None
+    gaps = measurement.missing(values, tuple(tick.slo().latency_targets()) if not summary else ())
+    if gaps:
+        retry(tick, trial, current, Reason.MEASUREMENT_UNAVAILABLE, "no complete data in Prometheus for "
+              + ", ".join(gaps))
+        return
+    result = measurement.run_result(values, summary, config.slo.percentile)
+    current.results.append(RunRecord(metrics=dict(result.metrics), cross_check=result.cross_check))
+    if len(current.results) < config.repeats:
+        current.repeat += 1
+        current.attempt = 0
+        return
+    close(current, config)
+    if next_load(tick, trial, config) is None:
+        conclude(tick, trial, config)  # the verdict in this tick, not the next
+
+
+def retry(tick: Tick, trial: TrialRecord, step: LoadStepRecord, reason: Reason, message: str) -> None:
+    """Run the load again as a new Job (the old one is garbage), up to MAX_MEASURE_ATTEMPTS."""
+    step.attempt += 1
+    tick.log.warning("Trial %s: %s; attempt %d", trial.name, message, step.attempt)
+    if step.attempt >= MAX_MEASURE_ATTEMPTS:
+        finish(tick, trial, TrialState.FAILED, reason, f"{MAX_MEASURE_ATTEMPTS} attempts: {message}", Verdict.UNKNOWN)
+
+
+def next_load(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> int | None:
+    closed = [step_result(s) for s in trial.steps if s.verdict is not None]
+    neighbours = protocol.neighbours_of([(t.setting.core(), t.metrics or {}) for t in tick.status.trials
+                                         if t.state is TrialState.DONE and t is not trial])
+    return protocol.next_load(closed, trial.setting.core(), neighbours, config)
+
+
+def conclude(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> None:
+    conclusion = protocol.conclude([step_result(s) for s in trial.steps if s.verdict is not None], config)
+    trial.metrics = dict(conclusion.metrics)
+    finish(tick, trial, TrialState.DONE, conclusion.reason, conclusion.message, conclusion.verdict,
+           conclusion.verdict_reason)
+    tick.event(False, Reason.TRIAL_COMPLETED, f"Trial {trial.name} ({trial.setting.summary()}): "
+                                              f"{conclusion.verdict.value}: {conclusion.verdict_reason}")
+
+
+def finish(tick: Tick, trial: TrialRecord, state: TrialState, reason: Reason, message: str, verdict: Verdict,
+           verdict_reason: str | None = None) -> None:
+    """The trial's outcome, in status; its objects are deleted once status says so (the garbage pass)."""
+    from batchtune.controller import telemetry
+
+    trial.state = state
+    trial.reason = reason
+    trial.message = message[:1000]
+    trial.verdict = verdict
+    trial.verdict_reason = (verdict_reason or message)[:1000]
+    trial.finished_at = tick.now
+    for step in trial.steps:
+        step.job = None
+    telemetry.TRIALS.labels(result=state.value).inc()
+    tick.log.info("Finished trial %s: %s (%s)", trial.name, state.value, reason.value)
+
+
+def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadStepRecord, name: str) -> None:
+    assert tick.spec is not None
+    load, spec = tick.spec.load, tick.spec
+    workload = tick.status.workload
+    config = protocol_config(spec, workload.to_wire() if workload else None)
+    profile = LoadProfile(
+        input_tokens=(workload.input_tokens if workload and workload.input_tokens else load.input_tokens),
+        output_tokens=(workload.output_tokens if workload and workload.output_tokens else load.output_tokens),
+        concurrency=None if config.open_loop else step.load,
+        requests_per_minute=step.load if config.open_loop else None,
+        duration_seconds=None if load.num_prompts else spec.trial.measure_seconds,
+        num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
+        percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps))
+    image = load.image or tick.ports.install.operator_image
+    model = tick.status.plan.served_model if tick.status.plan and tick.status.plan.served_model else ""
+    job = build_load_job(tick.tuning.name, tick.tuning.uid, tick.tuning.namespace, trial.index, name, image=image,
+                         base_url=f"http://{trial.pod_ip}:{trial.port}", model=model, profile=profile)
+    tick.ports.cluster.create(job)
+
+
+def _summary(message: str | None) -> dict[str, Any] | None:
+    if not message:
+        return None
+    try:
+        summary = json.loads(message)
+    except ValueError:
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+

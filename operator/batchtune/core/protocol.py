@@ -1,0 +1,373 @@
+"""The trial protocol: one trial from "ready" to "outcome", the same for the operator and the bench.
+
+A trial is a sequence of load steps. Each step runs `repeats` load runs at one offered load; the worst
+run decides the step (`close_step`). With the SloCapacity objective the steps search for the highest
+load that meets every SLO (`next_load`: bracket by extrapolating the SLO margin, then interpolate, as
+vLLM's `serve_sla` sweep does, in at most `max_steps` runs, warm-started from a neighbouring trial's
+capacity); otherwise one step at a fixed load. `conclude` turns the steps into the trial's metrics,
+verdict and reason. Nothing here does I/O or reads a clock: the operator drives it across reconcile
+ticks from status, the bench in a loop on its simulated GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from batchtune.core.objective import Objective, objective_value
+from batchtune.core.outcomes import TrialOutcome
+from batchtune.core.settings import Setting
+from batchtune.core.slo import SloTargets, evaluate_slo
+from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
+
+MAX_LOAD_STEPS = 5
+RESOLUTION = 0.1
+"""The search stops when the highest pass sits within this fraction of the SLO limit, or of the lowest fail."""
+OPEN_LOOP_CEILING = 10_000_000
+
+# Worst case over repeats: the highest latency/error/queue, the lowest throughput, the mean of the rest.
+HIGHER_IS_WORSE = frozenset({
+    M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.QUEUE_MS, M.ERROR_RATE_PERCENT, M.PREEMPTIONS_PER_SECOND,
+    M.KV_CACHE_USAGE_PERCENT, M.KV_CACHE_USAGE_MAX_PERCENT, M.WAITING_REQUESTS, M.WAITING_GROWTH,
+    M.IN_FLIGHT, M.TTFT_HISTOGRAM_MS, M.ITL_HISTOGRAM_MS, M.E2E_HISTOGRAM_MS,
+})
+LOWER_IS_WORSE = frozenset({M.REQUEST_THROUGHPUT, M.OUTPUT_THROUGHPUT, M.PROMPT_THROUGHPUT, M.SAMPLES})
+
+# Trial metric <- step metrics it is the peak of, over every measured step: the capacity step's own
+# KV usage sits below where the cache binds, the failing step above it shows the binding (Adaptive's gmu gate).
+PEAKS = {M.KV_CACHE_USAGE_PEAK_PERCENT: (M.KV_CACHE_USAGE_MAX_PERCENT, M.KV_CACHE_USAGE_PERCENT),
+         M.PREEMPTIONS_PEAK_PER_SECOND: (M.PREEMPTIONS_PER_SECOND,)}
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """How trials are measured (from `spec.objective`, `spec.slo`, `spec.load`, `spec.trial`)."""
+
+    objective: Objective
+    slo: SloTargets
+    open_loop: bool
+    """Open loop: loads are requests per minute (Poisson or bursty arrivals); closed: concurrent requests."""
+    repeats: int = 1
+    max_steps: int = MAX_LOAD_STEPS
+    resolution: float = RESOLUTION
+    fixed_load: int | None = None
+    """The load of the single step of a non-capacity objective; None: the trial's max-num-seqs (closed loop)."""
+    first_load: int | None = None
+    """The capacity search's first load when no neighbour has a capacity yet; None: half the batch (closed)."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats {self.repeats!r} must be >= 1")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps {self.max_steps!r} must be >= 1")
+        if self.open_loop and self.objective is not Objective.SLO_CAPACITY and self.fixed_load is None:
+            raise ValueError("an open loop at a fixed load needs fixed_load (requests per minute)")
+
+    @property
+    def searches_capacity(self) -> bool:
+        return self.objective is Objective.SLO_CAPACITY
+
+    @property
+    def unit(self) -> str:
+        return "requests/min" if self.open_loop else "concurrent requests"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one load run measured (status metric keys), and where its two sources disagreed."""
+
+    metrics: Mapping[str, float]
+    cross_check: str | None = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A closed load step: the worst case over its runs, judged against the SLO."""
+
+    load: int
+    metrics: Mapping[str, float]
+    verdict: Verdict
+    verdict_reason: str
+    margin: float
+    """Worst relative margin under the headroom-adjusted limits; negative when a limit is exceeded."""
+    cross_check: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is Verdict.MET
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A finished trial's capacity, where a new trial's search starts."""
+
+    setting: Setting
+    capacity_load: int
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """A measured trial: its metrics (the deciding step's, plus peaks and derived figures) and verdict."""
+
+    metrics: Mapping[str, float]
+    verdict: Verdict
+    verdict_reason: str
+    reason: Reason
+    message: str
+    steps: int = 0
+
+    def outcome(self, objective: Objective) -> TrialOutcome:
+        """What the search learns from this trial."""
+        return TrialOutcome(TrialState.DONE, self.verdict, objective_value(objective, self.metrics),
+                            self.metrics, self.reason.value, self.message)
+
+
+@dataclass(frozen=True)
+class SearchBounds:
+    start: int
+    lowest: int = 1
+    highest: int = 1 << 20
+    max_steps: int = MAX_LOAD_STEPS
+    resolution: float = RESOLUTION
+
+
+# ---- a step ----------------------------------------------------------------------------------
+
+
+def worst_case(samples: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One metrics mapping from several runs of the same step: the worst of each figure.
+
+    A run missing a figure does not drop out: the figure is the worst of those that have it, and a
+    run's missing error rate makes the step's error rate unknown (it cannot be shown to be low).
+    """
+    keys = {k for s in samples for k in s}
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [float(v) for s in samples if _is_number(v := s.get(key))]
+        finite = [v for v in values if math.isfinite(v)]
+        if key == M.ERROR_RATE_PERCENT and len(values) < len(samples):
+            continue
+        if key in HIGHER_IS_WORSE:
+            if values:
+                out[key] = max(values)  # +inf stays: beyond the last bucket
+        elif not finite:
+            continue
+        elif key in LOWER_IS_WORSE:
+            out[key] = min(finite)
+        else:
+            out[key] = statistics.fmean(finite)
+    return out
+
+
+def slo_margin(metrics: Mapping[str, float], slo: SloTargets) -> float:
+    """Worst relative margin under the headroom-adjusted limits; negative when a limit is exceeded.
+
+    -inf when a latency target is not measured (nothing is known to pass).
+    """
+    margins = []
+    for metric, target in slo.latency_targets().items():
+        value = metrics.get(metric)
+        if not _is_number(value) or math.isnan(value):
+            return -math.inf
+        limit = slo.limit(target)
+        margins.append((limit - value) / limit)
+    return min(margins) if margins else -math.inf
+
+
+def close_step(load: int, runs: Sequence[RunResult], config: ProtocolConfig) -> StepResult:
+    """Combine the runs of a load step (worst case) and judge it against the SLO."""
+    if not runs:
+        raise ValueError(f"a step at load {load} has no run to close")
+    combined = worst_case([r.metrics for r in runs])
+    verdict = evaluate_slo(combined, config.slo)
+    notes = [r.cross_check for r in runs if r.cross_check]
+    return StepResult(load, {k: _round(v) for k, v in combined.items()}, verdict.verdict, verdict.reason[:500],
+                      _round(slo_margin(combined, config.slo)), notes[0][:500] if notes else None)
+
+
+# ---- the next step ---------------------------------------------------------------------------
+
+
+def capacity_start(setting: Setting, neighbours: Sequence[Neighbour], config: ProtocolConfig) -> int:
+    """Warm start: the nearest finished trial's capacity load, scaled to this trial's max-num-seqs."""
+    seqs = setting.max_num_seqs
+    if neighbours:
+        nearest = min(neighbours, key=lambda n: (abs(math.log2(n.setting.max_num_seqs / seqs)),
+                                                  n.setting.max_num_seqs))
+        scale = 1.0 if config.open_loop else min(seqs / nearest.setting.max_num_seqs, 2.0)
+        return max(1, int(nearest.capacity_load * max(scale, 0.5)))
+    if config.first_load is not None:
+        return config.first_load
+    if config.open_loop:
+        raise ValueError("an open-loop capacity search needs first_load (requests per minute)")
+    return max(1, seqs // 2)
+
+
+def capacity_ceiling(setting: Setting, config: ProtocolConfig) -> int:
+    # Closed-loop users past max-num-seqs only queue: twice the batch is enough to see it fail.
+    return OPEN_LOOP_CEILING if config.open_loop else max(2, setting.max_num_seqs * 2)
+
+
+def next_load(steps: Sequence[StepResult], setting: Setting, neighbours: Sequence[Neighbour],
+              config: ProtocolConfig) -> int | None:
+    """The load of the trial's next step, or None when the trial is measured enough to conclude."""
+    if not config.searches_capacity:
+        if steps:
+            return None
+        if config.fixed_load is not None:
+            return config.fixed_load
+        return setting.max_num_seqs
+    bounds = SearchBounds(start=capacity_start(setting, neighbours, config),
+                          highest=capacity_ceiling(setting, config), max_steps=config.max_steps,
+                          resolution=config.resolution)
+    return search_next(steps, bounds)
+
+
+def search_next(steps: Sequence[StepResult], bounds: SearchBounds) -> int | None:
+    """The SLO-capacity search: the next load to try, or None when the capacity is known well enough."""
+    if len(steps) >= bounds.max_steps:
+        return None
+    tried = {s.load for s in steps}
+    passes = [s for s in steps if s.passed]
+    fails = [s for s in steps if not s.passed]
+    if not steps:
+        return _clamp(bounds.start, bounds)
+    if not fails:
+        best = max(passes, key=lambda s: s.load)
+        if best.load >= bounds.highest or best.margin <= bounds.resolution:
+            return None
+        # Extrapolate the margin to zero, growing at least 1.25x and at most 4x per step.
+        candidate = _clamp(_extrapolate(best, low=1.25, high=4.0), bounds)
+        return None if candidate in tried else candidate
+    if not passes:
+        worst = min(fails, key=lambda s: s.load)
+        if worst.load <= bounds.lowest:
+            return None
+        candidate = _clamp(_extrapolate(worst, low=0.25, high=0.8), bounds)
+        return None if candidate in tried else candidate
+    low = max(passes, key=lambda s: s.load)
+    if low.margin <= bounds.resolution and any(s.load > low.load for s in fails):
+        return None  # the highest pass already sits within the resolution of the SLO
+    high = min((s for s in fails if s.load > low.load), key=lambda s: s.load, default=None)
+    if high is None:
+        # A fail below a pass: noise. Trust the highest pass and probe just above it.
+        candidate = _clamp(int(low.load * (1 + bounds.resolution)) + 1, bounds)
+        return None if candidate in tried else candidate
+    if high.load - low.load <= max(1, math.ceil(low.load * bounds.resolution)):
+        return None
+    candidate = _interpolate(low, high)
+    if candidate <= low.load or candidate >= high.load or candidate in tried:
+        candidate = (low.load + high.load) // 2
+    return None if candidate in tried or candidate <= low.load else candidate
+
+
+def _margin(step: StepResult) -> float:
+    # An unmeasured step reads as far below the limit, so the search steps down from it.
+    return step.margin if math.isfinite(step.margin) else -1e9
+
+
+def _extrapolate(step: StepResult, low: float, high: float) -> int:
+    # Margin ~ 1 - load / capacity near the boundary, so capacity ~ load / (1 - margin).
+    margin = _margin(step)
+    factor = 1.0 / (1.0 - margin) if margin < 1 else high
+    if not math.isfinite(factor):
+        factor = high
+    return max(1, int(step.load * min(high, max(low, factor))))
+
+
+def _interpolate(low: StepResult, high: StepResult) -> int:
+    # Linear root of the margin between the bracketing loads; margins shrink as load grows.
+    span = _margin(low) - _margin(high)
+    if span <= 0 or not math.isfinite(span):
+        return (low.load + high.load) // 2
+    fraction = _margin(low) / span
+    return int(low.load + fraction * (high.load - low.load))
+
+
+def _clamp(load: int, bounds: SearchBounds) -> int:
+    return max(bounds.lowest, min(bounds.highest, load))
+
+
+# ---- the outcome -----------------------------------------------------------------------------
+
+
+def conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion:
+    """The trial's metrics and verdict from its closed steps."""
+    if not steps:
+        return Conclusion({}, Verdict.UNKNOWN, "no load step was measured", Reason.NOT_MEASURED,
+                          "no load step was measured")
+    if not config.searches_capacity:
+        step = steps[-1]
+        return Conclusion(_figures(step, steps), step.verdict, step.verdict_reason, Reason.MEASURED,
+                          step.cross_check or f"measured at load {step.load}", len(steps))
+    passing = [s for s in steps if s.passed]
+    if not passing:
+        step = min(steps, key=lambda s: s.load)
+        verdict = Verdict.UNKNOWN if all(s.verdict is Verdict.UNKNOWN for s in steps) else Verdict.VIOLATED
+        return Conclusion(_figures(step, steps), verdict,
+                          f"even the lowest load ({step.load}) fails: {step.verdict_reason}", Reason.NO_CAPACITY,
+                          step.cross_check or "", len(steps))
+    best = max(passing, key=lambda s: s.load)
+    metrics = _figures(best, steps)
+    capacity = metrics.get(M.REQUEST_THROUGHPUT)
+    if capacity is not None:
+        metrics[M.SLO_CAPACITY] = capacity
+    metrics[M.SLO_CAPACITY_LOAD] = float(best.load)
+    return Conclusion(metrics, Verdict.MET,
+                      f"SLO capacity {capacity or 0:.3g} req/s at {best.load} {config.unit}: {best.verdict_reason}",
+                      Reason.MEASURED, best.cross_check or f"{len(steps)} load steps", len(steps))
+
+
+def _figures(step: StepResult, steps: Sequence[StepResult]) -> dict[str, float]:
+    """The deciding step's metrics, the peaks over every step, and the derived figures."""
+    metrics = dict(step.metrics)
+    for peak, names in PEAKS.items():
+        values = [float(v) for s in steps for name in names
+                  if _is_number(v := s.metrics.get(name)) and math.isfinite(v)]
+        if values:
+            metrics[peak] = max(values)
+    throughput, watts = metrics.get(M.OUTPUT_THROUGHPUT), metrics.get(M.POWER_WATTS)
+    if _is_number(throughput) and _is_number(watts) and math.isfinite(watts) and watts > 0:
+        metrics[M.TOKENS_PER_JOULE] = round(throughput / watts, 4)  # watts of all the pod's GPUs
+    return metrics
+
+
+def neighbours_of(trials: Sequence[tuple[Setting, Mapping[str, float]]]) -> list[Neighbour]:
+    """The finished trials with a measured capacity load."""
+    out = []
+    for setting, metrics in trials:
+        load = metrics.get(M.SLO_CAPACITY_LOAD)
+        if _is_number(load) and math.isfinite(load) and load >= 1:
+            out.append(Neighbour(setting, int(load)))
+    return out
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _round(value: float) -> float:
+    return round(value, 4) if math.isfinite(value) else value
+
+
+@dataclass
+class TrialDriver:
+    """A trial run to its end in one go, for callers that measure synchronously (the bench)."""
+
+    setting: Setting
+    config: ProtocolConfig
+    neighbours: Sequence[Neighbour] = ()
+    steps: list[StepResult] = field(default_factory=list)
+
+    def next_load(self) -> int | None:
+        return next_load(self.steps, self.setting, self.neighbours, self.config)
+
+    def record(self, load: int, runs: Sequence[RunResult]) -> StepResult:
+        step = close_step(load, runs, self.config)
+        self.steps.append(step)
+        return step
+
+    def conclude(self) -> Conclusion:
+        return conclude(self.steps, self.config)

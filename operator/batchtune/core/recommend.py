@@ -1,0 +1,102 @@
+"""The recommendation: the chosen setting as production's new command line, and ready-made patches.
+
+What production would run is exactly what the trials ran: the target's container rewritten by the
+engine with the chosen knobs and the spec's extra args, every other word as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import yaml
+
+from batchtune.core.settings import Setting, percent_to_fraction
+
+if TYPE_CHECKING:
+    from batchtune.engines import Engine
+
+
+@dataclass(frozen=True)
+class ContainerArgs:
+    command: tuple[str, ...] | None
+    args: tuple[str, ...] | None
+
+    @classmethod
+    def of(cls, container: Mapping[str, Any]) -> ContainerArgs:
+        command, args = container.get("command"), container.get("args")
+        return cls(None if command is None else tuple(str(a) for a in command),
+                   None if args is None else tuple(str(a) for a in args))
+
+    def flat(self) -> list[str]:
+        return list(self.command or ()) + list(self.args or ())
+
+    def to_wire(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        if self.command is not None:
+            out["command"] = list(self.command)
+        if self.args is not None:
+            out["args"] = list(self.args)
+        return out
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    setting: Setting
+    container_name: str
+    container: ContainerArgs
+    """The container's command and args with the setting applied."""
+    json_patch: str
+    kustomize_patch: str
+    helm_values: str
+
+
+def production_args(engine: Engine, container: Mapping[str, Any], setting: Setting,
+                    extra_args: Sequence[str]) -> ContainerArgs:
+    """Production's command line running `setting` and the trials' extra args."""
+    return ContainerArgs.of(engine.rewrite(container, setting, extra_args))
+
+
+def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str, Any], setting: Setting,
+              extra_args: Sequence[str]) -> Recommendation:
+    new = engine.rewrite(container, setting, extra_args)
+    name = str(container["name"])
+    containers = ((target.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+    index = next(i for i, c in enumerate(containers) if c.get("name") == name)
+    ops = []
+    for field_name in ("command", "args"):
+        if new.get(field_name) != container.get(field_name):
+            op = "replace" if field_name in container else "add"
+            ops.append({"op": op, "path": f"/spec/template/spec/containers/{index}/{field_name}",
+                        "value": new.get(field_name)})
+    kustomize = {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": (target.get("metadata") or {}).get("name")},
+                 "spec": {"template": {"spec": {"containers": [
+                     {"name": name, **{k: new[k] for k in ("command", "args") if k in new}}]}}}}
+    knobs: dict[str, Any] = {"maxNumSeqs": setting.max_num_seqs,
+                             "gpuMemoryUtilization": float(percent_to_fraction(setting.gpu_memory_utilization_percent))}
+    if setting.max_num_batched_tokens:
+        knobs["maxNumBatchedTokens"] = setting.max_num_batched_tokens
+    helm = yaml.safe_dump({engine.name: knobs, "extraArgs": engine.setting_args(setting) + list(extra_args)},
+                          sort_keys=False)
+    return Recommendation(
+        setting=setting, container_name=name, container=ContainerArgs.of(new),
+        json_patch=json.dumps(ops, indent=2), kustomize_patch=yaml.safe_dump(kustomize, sort_keys=False),
+        helm_values="# Values for charts that expose the engine's flags; adapt the keys to your chart.\n" + helm)
+
+
+def replicas_needed(capacity_per_second: float | None, peak_per_second: float | None) -> int | None:
+    """Replicas that serve production's observed peak at the chosen setting's SLO capacity.
+
+    The capacity is already measured under the headroom-adjusted SLO limits, so the headroom is not
+    taken off again. None when either figure is unknown or not positive.
+    """
+    if capacity_per_second is None or peak_per_second is None:
+        return None
+    if not (math.isfinite(capacity_per_second) and math.isfinite(peak_per_second)):
+        return None
+    if capacity_per_second <= 0 or peak_per_second <= 0:
+        return None
+    return max(1, math.ceil(peak_per_second / capacity_per_second))

@@ -1,0 +1,206 @@
+"""The one definition of batchtune's words: phases, trial states, verdicts, reasons and status metric keys.
+
+The API models, the core, the controller, the bench and the CLI all import these; none spells them
+again. Enums are `StrEnum`s, so a member equals its wire text (`Verdict.MET == "Met"`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where a BatchTuning is in its life."""
+
+    PENDING = "Pending"
+    PLANNING = "Planning"
+    TRIALING = "Trialing"
+    SELECTING = "Selecting"
+    APPLYING = "Applying"
+    VERIFYING = "Verifying"
+    SUCCEEDED = "Succeeded"
+    RECOMMENDED = "Recommended"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        """True once the operator takes no further step for this generation."""
+        return self in TERMINAL_PHASES
+
+    @property
+    def touches_production(self) -> bool:
+        """Phases in which production may run a setting batchtune applied but has not verified."""
+        return self in (Phase.APPLYING, Phase.VERIFYING)
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.RECOMMENDED, Phase.ROLLED_BACK, Phase.FAILED})
+
+
+class TrialState(StrEnum):
+    """Where one trial is."""
+
+    PENDING = "Pending"
+    DEPLOYING = "Deploying"
+    WARMING = "Warming"
+    MEASURING = "Measuring"
+    DONE = "Done"
+    INFEASIBLE = "Infeasible"
+    """The setting cannot work (memory, the engine refused it): informs pruning."""
+    FAILED = "Failed"
+    """Something else went wrong (timeout, load generator, metrics): tells nothing about the setting."""
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED_TRIAL_STATES
+
+    @property
+    def active(self) -> bool:
+        return not self.finished
+
+
+FINISHED_TRIAL_STATES = frozenset({TrialState.DONE, TrialState.INFEASIBLE, TrialState.FAILED})
+
+
+class Verdict(StrEnum):
+    """Whether the SLO held. Missing data, NaN or too few samples is Unknown, never Met."""
+
+    MET = "Met"
+    VIOLATED = "Violated"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    PROGRESSING = "Progressing"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DEGRADED = "Degraded"
+
+
+class Reason(StrEnum):
+    """Every reason batchtune writes: on conditions, Events, trials and pruned settings.
+
+    docs/troubleshooting.md has one entry per member (a unit test keeps them in step).
+    """
+
+    # Spec and target
+    INVALID_SPEC = "InvalidSpec"
+    SPEC_CHANGED = "SpecChanged"
+    TARGET_NOT_FOUND = "TargetNotFound"
+    TARGET_CHANGED = "TargetChanged"
+    NO_ENGINE_CONTAINER = "NoEngineContainer"
+    UNSUPPORTED_ARGS = "UnsupportedArgs"
+    NOT_ALLOWED = "NotAllowed"
+    EMPTY_SEARCH_SPACE = "EmptySearchSpace"
+    WAITING_FOR_PRODUCTION_DATA = "WaitingForProductionData"
+    # Planning and trials
+    PLANNED = "Planned"
+    WAITING_FOR_GPUS = "WaitingForGPUs"
+    GPU_BUDGET_EXHAUSTED = "GpuBudgetExhausted"
+    TRIAL_STARTED = "TrialStarted"
+    TRIAL_COMPLETED = "TrialCompleted"
+    TRIAL_INFEASIBLE = "TrialInfeasible"
+    TRIAL_FAILED = "TrialFailed"
+    TRIALS_DONE = "TrialsDone"
+    # Why a trial ended
+    MEASURED = "Measured"
+    NO_CAPACITY = "NoCapacity"
+    NOT_MEASURED = "NotMeasured"
+    OOM_KILLED = "OOMKilled"
+    OUT_OF_MEMORY = "OutOfMemory"
+    KV_CACHE_TOO_SMALL = "KvCacheTooSmall"
+    GPU_MEMORY_UTILIZATION_TOO_HIGH = "GpuMemoryUtilizationTooHigh"
+    ENGINE_REFUSED_ARGS = "EngineRefusedArgs"
+    CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+    UNSCHEDULABLE = "Unschedulable"
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    READINESS_TIMEOUT = "ReadinessTimeout"
+    TRIAL_POD_LOST = "TrialPodLost"
+    LOAD_GENERATOR_FAILED = "LoadGeneratorFailed"
+    MEASUREMENT_UNAVAILABLE = "MeasurementUnavailable"
+    # Pruned before any GPU is spent
+    ENGINE_INVARIANT = "EngineInvariant"
+    DOES_NOT_FIT_MEMORY = "DoesNotFitMemory"
+    DOMINATED = "Dominated"
+    # Prometheus
+    PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
+    PROMETHEUS_REACHABLE = "PrometheusReachable"
+    # Selection and production
+    NO_FEASIBLE_SETTING = "NoFeasibleSetting"
+    SELECTED = "Selected"
+    RECOMMENDATION_READY = "RecommendationReady"
+    ALREADY_OPTIMAL = "AlreadyOptimal"
+    COOLDOWN_ACTIVE = "CooldownActive"
+    APPLY_CONFLICT = "ApplyConflict"
+    APPLIED = "Applied"
+    RECOMMENDATION_APPLIED = "RecommendationApplied"
+    WAITING_FOR_ROLLOUT = "WaitingForRollout"
+    WAITING_FOR_TRAFFIC = "WaitingForTraffic"
+    VERIFIED = "Verified"
+    VERIFY_INCONCLUSIVE = "VerifyInconclusive"
+    KEPT_UNVERIFIED = "KeptUnverified"
+    REGRESSION = "Regression"
+    ROLLOUT_STUCK = "RolloutStuck"
+    ROLLED_BACK = "RolledBack"
+    PRODUCTION_CHANGED_BY_OTHERS = "ProductionChangedByOthers"
+    DELETED = "Deleted"
+
+
+# Trial reasons the strategies prune on: the setting, not the circumstances, made the trial fail.
+MEMORY_REASONS = frozenset({Reason.KV_CACHE_TOO_SMALL, Reason.OUT_OF_MEMORY, Reason.OOM_KILLED})
+
+
+class M(StrEnum):
+    """Status metric keys (`status.trials[].metrics`, step metrics, production windows).
+
+    Latencies are milliseconds at the SLO percentile; rates are per second.
+    """
+
+    TTFT_MS = "ttftMs"
+    ITL_MS = "itlMs"
+    E2E_MS = "e2eMs"
+    QUEUE_MS = "queueMs"
+    TTFT_HISTOGRAM_MS = "ttftHistogramMs"
+    ITL_HISTOGRAM_MS = "itlHistogramMs"
+    E2E_HISTOGRAM_MS = "e2eHistogramMs"
+    REQUEST_THROUGHPUT = "requestThroughput"
+    OUTPUT_THROUGHPUT = "outputThroughput"
+    PROMPT_THROUGHPUT = "promptThroughput"
+    OFFERED_REQUEST_RATE = "offeredRequestRate"
+    """Requests per second the load generator sent (finished or not)."""
+    PREEMPTIONS_PER_SECOND = "preemptionsPerSecond"
+    RUNNING_REQUESTS = "runningRequests"
+    WAITING_REQUESTS = "waitingRequests"
+    WAITING_GROWTH = "waitingGrowth"
+    """Waiting requests at the window's end less at its start: a queue that grows is no steady state."""
+    KV_CACHE_USAGE_PERCENT = "kvCacheUsagePercent"
+    KV_CACHE_USAGE_MAX_PERCENT = "kvCacheUsageMaxPercent"
+    GPU_UTIL_PERCENT = "gpuUtilPercent"
+    SM_ACTIVE_PERCENT = "smActivePercent"
+    SM_OCCUPANCY_PERCENT = "smOccupancyPercent"
+    TENSOR_ACTIVE_PERCENT = "tensorActivePercent"
+    DRAM_ACTIVE_PERCENT = "dramActivePercent"
+    POWER_WATTS = "powerWatts"
+    """Power of all the trial's GPUs together."""
+    FB_USED_MIB = "fbUsedMiB"
+    FB_FREE_MIB = "fbFreeMiB"
+    KV_POOL_TOKENS = "kvPoolTokens"
+    """The engine's KV-cache pool: blocks x block size (vLLM's cache_config_info)."""
+    GPUS = "gpus"
+    """GPUs the measured pod holds (tensor parallel: more than one)."""
+    ERROR_RATE_PERCENT = "errorRatePercent"
+    SAMPLES = "samples"
+    """Requests a step's latency percentiles rest on (finished plus still in flight)."""
+    IN_FLIGHT = "inFlight"
+    """Requests still running when the window ended (their elapsed time counts as a lower bound)."""
+    REQUESTS = "requests"
+    """Production requests counted in a verify window."""
+    # Trial conclusions
+    SLO_CAPACITY = "sloCapacity"
+    SLO_CAPACITY_LOAD = "sloCapacityLoad"
+    TOKENS_PER_JOULE = "tokensPerJoule"
+    KV_CACHE_USAGE_PEAK_PERCENT = "kvCacheUsagePeakPercent"
+    PREEMPTIONS_PEAK_PER_SECOND = "preemptionsPeakPerSecond"
+
+
+LATENCY_METRICS = (M.TTFT_MS, M.ITL_MS, M.E2E_MS)

@@ -1,0 +1,261 @@
+"""The engine seam: everything batchtune knows about one inference server, behind one small class.
+
+An engine says how its command line reads (entry point, flags and their spellings), which flags are
+the three tuned knobs, which extra flags a BatchTuning may add, its metric names and labels, how its
+startup failures read, and how it reports readiness. The planner, the manifests, the measurement and
+the twin ask the engine; none of them names a flag or a metric itself. docs/engines.md shows how to
+add one (one module plus its tests).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from batchtune.core.planning import EngineLimits
+from batchtune.core.settings import Setting, percent_to_fraction
+from batchtune.core.vocabulary import Reason
+from batchtune.engines import commandline
+from batchtune.engines.commandline import ArgsError, Arity, CommandLine, Grammar
+
+# Kubernetes expands $(VAR) in command and args: a spec must never smuggle a value in through it.
+_K8S_EXPANSION = re.compile(r"\$\([A-Za-z_][A-Za-z0-9_]*\)")
+
+# Metric roles an engine names (CRD `spec.prometheus.metricNames` keys, snake_case).
+ENGINE_METRIC_ROLES = (
+    "e2e_request_latency", "time_to_first_token", "inter_token_latency", "request_queue_time",
+    "generation_tokens", "prompt_tokens", "request_success", "num_preemptions", "num_requests_running",
+    "num_requests_waiting", "kv_cache_usage", "cache_config_info", "request_prompt_tokens",
+    "request_generation_tokens", "iteration_tokens",
+)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What a container runs, read for the baseline."""
+
+    engine: str
+    container: str
+    form: str
+    """How the engine is started: an entry point name, "entrypoint" (the image's own), or "shell+..."."""
+    model: str | None
+    served_model: str | None
+    """The model label the engine puts on its metrics and the name requests use."""
+    flags: Mapping[str, str | None]
+    """Canonical flag name (no leading dashes) -> last value (None for switches)."""
+    argv: tuple[str, ...]
+    """The engine's own argv after its entry point, as written."""
+    max_num_seqs: int | None = None
+    gpu_memory_utilization_percent: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def setting(self, default_gpu_memory_utilization_percent: int, default_max_num_seqs: int | None = None) -> Setting | None:
+        """The baseline as a Setting (engine defaults filled in where given), or None if unknown."""
+        seqs = self.max_num_seqs if self.max_num_seqs is not None else default_max_num_seqs
+        if seqs is None:
+            return None
+        gmu = self.gpu_memory_utilization_percent or default_gpu_memory_utilization_percent
+        return Setting(seqs, gmu, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class KnobFlags:
+    """The engine's flag (canonical, no dashes) for each tuned knob."""
+
+    max_num_seqs: str
+    gpu_memory_utilization: str
+    max_num_batched_tokens: str
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.max_num_seqs, self.gpu_memory_utilization, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class FailureSignature:
+    """A startup failure as the engine prints it (lower-case substrings of its log or exit message)."""
+
+    reason: Reason
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MetricConventions:
+    names: Mapping[str, str]
+    """Role -> the engine's current metric name."""
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Role -> older names of the same series, queried as `current or legacy` unless overridden."""
+    model_label: str | None = "model_name"
+    finished_reason_label: str | None = None
+    error_finish_reasons: tuple[str, ...] = ()
+    """Finish reasons of failed requests. Not relied on alone: a client disconnect may not count."""
+
+
+class Engine(ABC):
+    """One inference engine. Subclasses set the class attributes and implement the grammar."""
+
+    name: str
+    display: str
+    knobs: KnobFlags
+    metrics: MetricConventions
+    failures: tuple[FailureSignature, ...]
+    readiness_path: str = "/health"
+    default_port: int = 8000
+    default_gpu_memory_utilization_percent: int = 90
+    safe_extra_flags: frozenset[str] = frozenset()
+    """Flags a BatchTuning's `extraArgs` may add to trials (and so to production): nothing that loads
+    code, changes identity (model, name, host, port), or sets a tuned knob behind the search's back."""
+
+    # ---- grammar ------------------------------------------------------------------------
+
+    @abstractmethod
+    def entry(self, words: list[str]) -> tuple[int, str] | None:
+        """(index where the engine's argv starts, form) in a word list, or None."""
+
+    @abstractmethod
+    def canonical(self, token: str) -> str:
+        """A flag as the engine's parser resolves it: `--max_num_seq=8` -> `max-num-seqs`."""
+
+    @abstractmethod
+    def arity(self, flag: str) -> Arity:
+        """How many words a canonical flag reads (0 for switches)."""
+
+    def image_runs_engine(self, container: Mapping[str, Any], args: list[str]) -> bool:
+        """With no command, whether the image's own entrypoint is this engine."""
+        return False
+
+    @property
+    def grammar(self) -> Grammar:
+        return Grammar(self.entry, self.canonical, self.arity)
+
+    # ---- reading and rewriting a container ---------------------------------------------------
+
+    def parse(self, container: Mapping[str, Any]) -> CommandLine:
+        return commandline.parse(container, self.grammar, self.image_runs_engine, f"run {self.display}")
+
+    def recognizes(self, container: Mapping[str, Any]) -> bool:
+        try:
+            self.parse(container)
+        except commandline.UnsafeShell:
+            return True  # it is ours; reading it fails for a reason worth reporting
+        except ArgsError:
+            return False
+        return True
+
+    def read(self, container: Mapping[str, Any]) -> Invocation:
+        """The model, the knobs' current values and every other flag; `ArgsError` names what is wrong."""
+        parsed = self.parse(container)
+        flags = dict(parsed.flags)
+        model = self.model_of(parsed)
+        return Invocation(
+            engine=self.name, container=parsed.container, form=parsed.form, model=model,
+            served_model=self.served_model_of(flags, model), flags=flags, argv=parsed.argv,
+            max_num_seqs=_int_flag(parsed, self.knobs.max_num_seqs),
+            gpu_memory_utilization_percent=_percent_flag(parsed, self.knobs.gpu_memory_utilization),
+            max_num_batched_tokens=_int_flag(parsed, self.knobs.max_num_batched_tokens),
+        )
+
+    def model_of(self, parsed: CommandLine) -> str | None:
+        return parsed.flags.get("model") or (parsed.positionals[0] if parsed.positionals else None)
+
+    def served_model_of(self, flags: Mapping[str, str | None], model: str | None) -> str | None:
+        return model
+
+    def setting_flags(self, setting: Setting) -> dict[str, str]:
+        """Canonical flag -> value text for a setting (exact decimal text, no float rounding)."""
+        flags = {
+            self.knobs.max_num_seqs: str(setting.max_num_seqs),
+            self.knobs.gpu_memory_utilization: percent_to_fraction(setting.gpu_memory_utilization_percent),
+        }
+        if setting.max_num_batched_tokens is not None:
+            flags[self.knobs.max_num_batched_tokens] = str(setting.max_num_batched_tokens)
+        return flags
+
+    def setting_args(self, setting: Setting) -> list[str]:
+        return [word for flag, value in self.setting_flags(setting).items() for word in (f"--{flag}", value)]
+
+    def rewrite(self, container: Mapping[str, Any], setting: Setting, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+        """A copy of the container running `setting` (and `extra_args`); every other word stays."""
+        flags: dict[str, str | None] = dict(self.setting_flags(setting))
+        for canon, _, value in self.parse_flags(extra_args):
+            flags[canon] = value
+        return commandline.rewrite(self.parse(container), container, flags)
+
+    def parse_flags(self, args: Sequence[str], what: str = "extra arg") -> list[tuple[str, str, str | None]]:
+        return commandline.parse_flag_list(args, self.grammar, what)
+
+    def check_extra_args(self, args: Sequence[str]) -> list[str]:
+        """Why each of `spec.searchSpace.extraArgs` may not be added (empty: all allowed)."""
+        problems: list[str] = []
+        for i, arg in enumerate(args):
+            if _K8S_EXPANSION.search(arg) or "\x00" in arg or any(ord(c) < 32 for c in arg):
+                problems.append(f"extraArgs[{i}] {arg!r}: Kubernetes $(VAR) expansion and control characters are not allowed")
+        try:
+            parsed = self.parse_flags(args, "extraArgs item")
+        except ValueError as exc:
+            return problems + [str(exc)]
+        for canon, spelled, _ in parsed:
+            if canon in self.knobs.all():
+                problems.append(f"{spelled!r} sets a knob batchtune tunes ({self.display} --{canon}); "
+                                "list its candidates under searchSpace instead")
+            elif canon not in self.safe_extra_flags:
+                problems.append(f"{spelled!r} (--{canon}) is not a flag a BatchTuning may add to {self.display}; "
+                                f"allowed: {', '.join('--' + f for f in sorted(self.safe_extra_flags))}")
+        return problems
+
+    # ---- the engine's limits ------------------------------------------------------------------
+
+    def limits(self, invocation: Invocation) -> EngineLimits:
+        return EngineLimits()
+
+    def invariant_violation(self, setting: Setting, limits: EngineLimits) -> str | None:
+        """The engine's own refusal to start with this setting, quoted, or None."""
+        return None
+
+    def classify_failure(self, message: str) -> Reason | None:
+        """The reason a startup/exit message gives, or None when it says nothing we know."""
+        text = message.lower()
+        for signature in self.failures:
+            if any(t in text for t in signature.texts):
+                return signature.reason
+        return None
+
+    def serving_port(self, container: Mapping[str, Any]) -> int:
+        """The port the engine serves on: its port flag, else a containerPort named http, else the first."""
+        try:
+            port = self.read(container).flags.get("port")
+            if port is not None:
+                return int(port)
+        except (ArgsError, ValueError):
+            pass
+        ports = list(container.get("ports") or [])
+        for p in ports:
+            if p.get("name") == "http" and p.get("containerPort"):
+                return int(p["containerPort"])
+        if ports and ports[0].get("containerPort"):
+            return int(ports[0]["containerPort"])
+        return self.default_port
+
+
+def _int_flag(parsed: CommandLine, flag: str) -> int | None:
+    value = parsed.flags.get(flag)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ArgsError(parsed.container, f"--{flag} value {value!r} is not an integer") from None
+
+
+def _percent_flag(parsed: CommandLine, flag: str) -> int | None:
+    value = parsed.flags.get(flag)
+    if value is None:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        raise ArgsError(parsed.container, f"--{flag} value {value!r} is not a number") from None
+    if not 0 < fraction <= 1:
+        raise ArgsError(parsed.container, f"--{flag} value {value!r} is outside (0, 1]")
+    return int(fraction * 100 + 0.5)

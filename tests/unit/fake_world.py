@@ -1,0 +1,396 @@
+"""An in-memory world for reconcile tests: a cluster, a Prometheus and a simulated engine behind the ports.
+
+The reconcile loop sees exactly the `controller.ports` interfaces. This world keeps Deployments, pods,
+Jobs and nodes in dicts, answers Prometheus from a model of how a setting behaves under load, and
+records every write, so a test can step the clock, change the world and read what the loop did.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping
+
+from batchtune.controller.ports import Conflict, Install, JobRun, NotAllowed, Owned, Ports
+from batchtune.controller.prometheus import Production, PrometheusUnavailable
+from batchtune.controller.reconcile import on_delete, reconcile
+from batchtune.controller.tick import PROMETHEUS_BACKOFF, Tuning
+from batchtune.core.manifests import LABEL_COMPONENT, LABEL_TRIAL, LABEL_TUNING, label_value
+from batchtune.core.measurement import Window
+from batchtune.core.vocabulary import M
+from batchtune.engines import ENGINES
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
+NS = "inference"
+
+# (maxNumSeqs, gpuMemoryUtilizationPercent, concurrency) -> p95 figures the engine would give.
+Model = Callable[[int, int, int], dict[str, float]]
+
+
+def knee_model(seqs: int, gmu: int, concurrency: int) -> dict[str, float]:
+    """Throughput grows with the batch up to a knee at 32; latency grows with the running batch and the queue."""
+    running = min(seqs, concurrency)
+    throughput = 40.0 * min(running, 32) ** 0.8
+    queue = max(0, concurrency - seqs)
+    itl = 10.0 + 0.6 * running
+    ttft = 80.0 + 40.0 * queue
+    return {M.ITL_MS: itl, M.TTFT_MS: ttft, M.E2E_MS: ttft + 128 * itl, M.OUTPUT_THROUGHPUT: throughput * 10,
+            M.REQUEST_THROUGHPUT: throughput / 12.8, M.WAITING_REQUESTS: float(queue),
+            M.KV_CACHE_USAGE_PERCENT: min(100.0, running * 2.0), M.GPU_UTIL_PERCENT: 95.0, M.POWER_WATTS: 500.0}
+
+
+def production_target(name: str = "llm", args: list[str] | None = None, gpus: int = 1,
+                      labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    labels = dict(labels or {"app": name})
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": "1", "generation": 1, "annotations": {},
+                     "labels": dict(labels)},
+        "spec": {"replicas": 1, "selector": {"matchLabels": dict(labels)},
+                 "template": {"metadata": {"labels": dict(labels)}, "spec": {"containers": [{
+                     "name": "vllm", "image": "vllm/vllm-openai:v0.32.0",
+                     "command": ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"],
+                     "args": list(args if args is not None else ["--max-num-seqs", "16", "--port", "8000"]),
+                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}},
+        "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1},
+    }
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "targetRef": {"name": "llm"},
+        "searchSpace": {"maxNumSeqs": {"values": [8, 16, 32, 64]}},
+        "strategy": {"type": "Grid", "maxTrials": 4},
+        "slo": {"interTokenLatencyMilliseconds": 60, "ttftMilliseconds": 2000, "headroomPercent": 10},
+        "load": {"concurrency": 32},
+        "trial": {"warmupSeconds": 10, "measureSeconds": 30, "readinessTimeoutSeconds": 300},
+        "prometheus": {"url": "http://127.0.0.1:9090"},
+        "apply": {"mode": "Auto", "verifySeconds": 60, "cooldownSeconds": 0, "verifyMinRequests": 20,
+                  "verifyTimeoutSeconds": 600},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+def _apply_strategic(container: dict[str, Any], change: Mapping[str, Any]) -> None:
+    for key in ("command", "args"):
+        if key in change:
+            if change[key] is None:
+                container.pop(key, None)
+            else:
+                container[key] = list(change[key])
+
+
+@dataclass
+class World:
+    """The cluster, Prometheus and the engine, in memory."""
+
+    model: Model = knee_model
+    now: datetime = T0
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] | None = field(default_factory=lambda: [{
+        "metadata": {"name": "gpu-node-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}}}])
+    services: list[dict[str, Any]] = field(default_factory=list)
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    prometheus_up: bool = True
+    queries: int = 0
+    auto_ready: bool = True
+    """Trial pods become ready as soon as their Deployment exists."""
+    trial_failure: Callable[[int, int], str | None] = lambda seqs, gmu: None
+    """A termination message for settings that crash at startup (None: they start)."""
+    production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
+    production_requests_per_second: float = 5.0
+    intents: list[int] = field(default_factory=list)
+    conflict_next_patch: bool = False
+    rollout_done: bool = True
+    uid: str = "uid-1"
+    generation: int = 1
+    status: dict[str, Any] = field(default_factory=dict)
+    bt_spec: dict[str, Any] = field(default_factory=spec)
+    name: str = "tune"
+    _rv: int = 100
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def ports(self, install: Install | None = None) -> Ports:
+        return Ports(FakeCluster(self), FakeMetrics(self), FakeReports(self),
+                     install or Install(operator_image="batchtune:test", scrape_lag_seconds=0), ENGINES)
+
+    def tuning(self) -> Tuning:
+        return Tuning(self.name, NS, self.uid, self.generation, copy.deepcopy(self.bt_spec), copy.deepcopy(self.status))
+
+    def tick(self, install: Install | None = None, advance: float = 5.0, settle: bool = True) -> dict[str, Any]:
+        """One reconcile at `now`, its patch applied to the status; then the clock and the world move on."""
+        patch = reconcile(self.tuning(), self.ports(install), self.now, logging.getLogger("test"))
+        self.apply(patch)
+        self.now += timedelta(seconds=advance)
+        if settle:
+            self.settle()
+        return patch
+
+    def apply(self, patch: Mapping[str, Any]) -> None:
+        for key, value in patch.items():
+            if value is None:
+                self.status.pop(key, None)
+            else:
+                self.status[key] = copy.deepcopy(value)
+
+    def run_until(self, phases: set[str], limit: int = 400, install: Install | None = None) -> str:
+        for _ in range(limit):
+            if self.status.get("phase") in phases:
+                return str(self.status["phase"])
+            self.tick(install)
+        raise AssertionError(f"phase {self.status.get('phase')} after {limit} ticks, wanted {phases}")
+
+    def delete(self) -> None:
+        on_delete(self.tuning(), self.ports(), self.now, logging.getLogger("test"))
+
+    @property
+    def phase(self) -> str | None:
+        return self.status.get("phase")
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next((c for c in self.status.get("conditions") or [] if c["type"] == type_), {})
+
+    # ---- the world moving on its own ----------------------------------------------------------
+
+    def next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def settle(self) -> None:
+        """Trial pods come up (or crash), load Jobs run to completion, deleted objects go."""
+        for name, dep in self.deployments.items():
+            labels = dep["metadata"].get("labels") or {}
+            if labels.get(LABEL_COMPONENT) != "trial" or not self.auto_ready:
+                continue
+            pod_name = f"{name}-pod"
+            if pod_name in self.pods:
+                continue
+            container = dep["spec"]["template"]["spec"]["containers"][0]
+            seqs, gmu = _knobs(container)
+            failure = self.trial_failure(seqs, gmu)
+            ready = failure is None
+            status: dict[str, Any] = {"phase": "Running", "podIP": f"127.0.0.{len(self.pods) + 10}",
+                                      "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+            if failure is not None:
+                status["containerStatuses"] = [{"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                                "lastState": {"terminated": {"exitCode": 1, "message": failure}}}]
+            self.pods[pod_name] = {
+                "metadata": {"name": pod_name, "namespace": NS, "labels": dict(dep["spec"]["template"]["metadata"]["labels"]),
+                             "creationTimestamp": self.now.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                "spec": {"nodeName": "gpu-node-0", "containers": [container]},
+                "status": status,
+            }
+        for job in self.jobs.values():
+            status = job.setdefault("status", {})
+            if status.get("conditions"):
+                continue
+            args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            load = int(args[args.index("--concurrency") + 1]) if "--concurrency" in args else \
+                int(round(float(args[args.index("--request-rate") + 1]) * 60))
+            start = self.now - timedelta(seconds=60)
+            end = self.now - timedelta(seconds=1)
+            status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "completionTime": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "succeeded": 1,
+                           "conditions": [{"type": "Complete", "status": "True"}]})
+            job["load"] = load
+            trial = job["metadata"]["labels"][LABEL_TRIAL]
+            dep = self.deployments.get(f"{self.name}-trial-{trial}")
+            seqs, gmu = _knobs(dep["spec"]["template"]["spec"]["containers"][0]) if dep else (1, 90)
+            figures = self.model(seqs, gmu, load)
+            summary = {"completed": 200, "failed": 0, "samples": 200,
+                       "measure_start": (start + timedelta(seconds=10)).timestamp(), "measure_end": end.timestamp(),
+                       "p95_itl_ms": figures[M.ITL_MS], "p95_ttft_ms": figures[M.TTFT_MS],
+                       "p95_e2el_ms": figures[M.E2E_MS], "request_throughput": figures[M.REQUEST_THROUGHPUT],
+                       "output_throughput": figures[M.OUTPUT_THROUGHPUT]}
+            job["message"] = json.dumps(summary)
+            job["figures"] = figures
+
+
+def _knobs(container: Mapping[str, Any]) -> tuple[int, int]:
+    from batchtune.engines import VLLM
+
+    invocation = VLLM.read(container)
+    return invocation.max_num_seqs or 0, invocation.gpu_memory_utilization_percent or 90
+
+
+class FakeCluster:
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        dep = self.w.deployments.get(name)
+        return copy.deepcopy(dep) if dep else None
+
+    def owned(self, namespace: str, tuning_uid: str) -> Owned:
+        def ours(obj: Mapping[str, Any]) -> bool:
+            return any(r.get("uid") == tuning_uid for r in obj["metadata"].get("ownerReferences") or [])
+
+        deps = {n: {"name": n} for n, d in self.w.deployments.items() if ours(d)}
+        jobs = {n: {"name": n, "status": j.get("status") or {}} for n, j in self.w.jobs.items() if ours(j)}
+        return Owned(deps, jobs)
+
+    def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.w.pods.values()
+                if p["metadata"]["labels"].get(LABEL_TUNING) == label_value(tuning)
+                and p["metadata"]["labels"].get(LABEL_TRIAL) == str(index)
+                and p["metadata"]["labels"].get(LABEL_COMPONENT) == "trial"]
+
+    def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
+        full = self.w.jobs[job["name"]]
+        status = full.get("status") or {}
+        done = bool(status.get("conditions"))
+        failed = any(c["type"] == "Failed" for c in status.get("conditions") or [])
+
+        def t(key: str) -> datetime | None:
+            return datetime.fromisoformat(status[key].replace("Z", "+00:00")) if status.get(key) else None
+        return JobRun(done, failed, t("startTime"), t("completionTime"), full.get("message") if done else None)
+
+    def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
+        match = selector.get("matchLabels") or {}
+        return [{"metadata": {"name": "llm-prod-0", "labels": dict(match)}, "spec": {"nodeName": "gpu-node-0"}}]
+
+    def nodes(self) -> list[dict[str, Any]] | None:
+        return copy.deepcopy(self.w.nodes)
+
+    def gpu_pods(self) -> list[dict[str, Any]] | None:
+        if self.w.nodes is None:
+            return None
+        return [copy.deepcopy(p) for p in self.w.pods.values()]
+
+    def gpu_intents(self, exclude_uid: str) -> list[int]:
+        return list(self.w.intents)
+
+    def services(self, namespace: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.w.services)
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        name = obj["metadata"]["name"]
+        store = self.w.deployments if obj["kind"] == "Deployment" else self.w.jobs
+        if name in store:
+            return False
+        store[name] = copy.deepcopy(dict(obj))
+        self.w.created.append(f"{obj['kind']}/{name}")
+        return True
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        store = self.w.deployments if kind == "Deployment" else self.w.jobs
+        if store.pop(name, None) is not None:
+            self.w.deleted.append(f"{kind}/{name}")
+            if kind == "Deployment":
+                self.w.pods.pop(f"{name}-pod", None)
+
+    def patch_deployment(self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
+        dep = self.w.deployments[name]
+        if self.w.conflict_next_patch or dep["metadata"]["resourceVersion"] != resource_version \
+                or patch["metadata"].get("resourceVersion") != resource_version:
+            self.w.conflict_next_patch = False
+            raise Conflict(f"{name} is at {dep['metadata']['resourceVersion']}, not {resource_version}")
+        self.w.patches.append(copy.deepcopy(dict(patch)))
+        annotations = dep["metadata"].setdefault("annotations", {})
+        for key, value in (patch["metadata"].get("annotations") or {}).items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        for change in ((patch.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+            for container in dep["spec"]["template"]["spec"]["containers"]:
+                if container["name"] == change["name"]:
+                    _apply_strategic(container, change)
+            dep["metadata"]["generation"] += 1
+            if self.w.rollout_done:
+                dep["status"]["observedGeneration"] = dep["metadata"]["generation"]
+            else:
+                dep["status"]["updatedReplicas"] = 0
+        dep["metadata"]["resourceVersion"] = self.w.next_rv()
+        return copy.deepcopy(dep)
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str:
+        secret = self.w.secrets.get(name)
+        if secret is None or secret.get("labels", {}).get("batchtune.io/prometheus-token") != "true":
+            raise NotAllowed(f"spec.prometheus.authSecretRef: Secret {namespace}/{name} has not opted in")
+        return str(secret["data"][key])
+
+    def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None:
+        self.w.events.append((type_, reason, message))
+
+
+class FakeReader:
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def _query(self) -> None:
+        self.w.queries += 1
+        if not self.w.prometheus_up:
+            raise PrometheusUnavailable("http://127.0.0.1:9090: ConnectionError")
+
+    def ping(self) -> None:
+        self._query()
+
+    def trial_run(self, namespace: str, pod: str, model: str | None, window: Window) -> dict[str, float | None]:
+        self._query()
+        trial = pod.removesuffix("-pod").rsplit("-", 1)[-1]
+        jobs = [j for j in self.w.jobs.values() if j["metadata"]["labels"][LABEL_TRIAL] == trial and "figures" in j]
+        if not jobs:
+            return {}
+        figures = dict(jobs[-1]["figures"])
+        # Prometheus' histograms are coarse: the loop must prefer the load generator's exact numbers.
+        figures[M.ITL_MS] = math.ceil(figures[M.ITL_MS] / 25) * 25
+        return {k: float(v) for k, v in figures.items()}
+
+    def production_window(self, production: Production, start: datetime, end: datetime) -> dict[str, float | None]:
+        self._query()
+        dep = self.w.deployments["llm"]
+        if self.w.production_figures is not None:
+            return self.w.production_figures(dep, start, end)
+        seqs, gmu = _knobs(dep["spec"]["template"]["spec"]["containers"][0])
+        figures = self.w.model(seqs, gmu, 8)
+        seconds = (end - start).total_seconds()
+        return {M.ITL_MS: figures[M.ITL_MS], M.TTFT_MS: figures[M.TTFT_MS], M.E2E_MS: figures[M.E2E_MS],
+                M.ERROR_RATE_PERCENT: 0.0, "servedSharePercent": 100.0,
+                M.REQUESTS: self.w.production_requests_per_second * seconds}
+
+    def production_workload(self, production: Production, lookback_s: int) -> dict[str, Any] | None:
+        self._query()
+        return {"inputTokens": 300, "outputTokens": 100, "requestsPerMinute": 300, "source": "production"}
+
+    def production_peak_rate(self, production: Production, lookback_s: int) -> float | None:
+        self._query()
+        return 10.0
+
+
+class FakeMetrics:
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def reader(self, url: str, token: str | None, ctx: Any, engine: Any) -> FakeReader:
+        return FakeReader(self.w)
+
+
+class FakeReports:
+    def __init__(self, world: World) -> None:
+        self.w = world
+        self.submitted: list[str] = []
+
+    def submit(self, namespace: str, name: str, uid: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        self.submitted.append(name)
+
+
+def reset_backoff() -> None:
+    PROMETHEUS_BACKOFF.clear()

@@ -1,0 +1,426 @@
+"""The reconcile loop without a cluster: every phase transition, verify deadlines, rollback, crashes.
+
+Each test drives `controller.reconcile` through the ports against the in-memory world of
+`fake_world`: the same code path as the operator, with the clock in the test's hands.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import timedelta
+
+import pytest
+
+from batchtune.controller.ports import Install
+from batchtune.core.production import AppliedMark, MarkState
+from batchtune.core.settings import Setting
+from batchtune.engines import VLLM
+from fake_world import NS, World, knee_model, production_target, reset_backoff, spec
+
+TERMINAL = {"Succeeded", "Failed", "RolledBack", "Recommended"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backoff():
+    reset_backoff()
+    yield
+    reset_backoff()
+
+
+def world(**spec_overrides) -> World:
+    w = World(bt_spec=spec(**spec_overrides))
+    w.deployments["llm"] = production_target()
+    return w
+
+
+def production_args(w: World) -> list[str]:
+    return list(w.deployments["llm"]["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def mark(w: World) -> AppliedMark | None:
+    return AppliedMark.read(w.deployments["llm"])
+
+
+def reasons(w: World) -> list[str]:
+    return [reason for _, reason, _ in w.events]
+
+
+# ---- the whole way through ----------------------------------------------------------------------
+
+
+def test_auto_tunes_applies_exactly_the_chosen_knobs_verifies_and_cleans_up():
+    w = world()
+    before = production_args(w)
+    assert w.run_until(TERMINAL) == "Succeeded"
+    assert w.condition("Succeeded")["reason"] == "Verified"
+    best = w.status["recommendation"]["setting"]
+    expected = VLLM.rewrite(production_target()["spec"]["template"]["spec"]["containers"][0],
+                            Setting(best["maxNumSeqs"], best["gpuMemoryUtilizationPercent"]))
+    assert production_args(w) == expected["args"] != before
+    assert mark(w).state is MarkState.VERIFIED and mark(w).generation == 1
+    assert w.deployments.keys() == {"llm"} and w.jobs == {}  # no trial object outlives the tuning
+    assert [r for r in reasons(w) if r in ("RecommendationApplied", "Verified")] == ["RecommendationApplied", "Verified"]
+
+
+def test_recommend_mode_never_touches_production():
+    w = world(apply={"mode": "Recommend"})
+    before = copy.deepcopy(w.deployments["llm"])
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert w.deployments["llm"] == before and w.patches == []
+    assert w.status["recommendation"]["jsonPatch"]
+
+
+def test_a_gitops_managed_target_gets_a_recommendation_unless_auto_is_explicit():
+    w = world(apply={"mode": None})
+    w.bt_spec["apply"].pop("mode")
+    w.deployments["llm"]["metadata"]["labels"]["argocd.argoproj.io/instance"] = "prod"
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert "Argo CD" in w.condition("Succeeded")["message"] and w.patches == []
+
+
+def test_extra_args_reach_trials_and_production_alike():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16, 32]}, "extraArgs": ["--enable-prefix-caching"]})
+    assert w.run_until(TERMINAL) == "Succeeded"
+    assert "--enable-prefix-caching" in production_args(w)
+    assert "--enable-prefix-caching" in w.status["recommendation"]["args"]
+
+
+def test_production_command_line_is_recomputed_at_apply_not_taken_from_status():
+    w = world()
+    w.run_until({"Applying"})
+    w.status["recommendation"]["container"] = {"args": ["--trust-remote-code", "--model", "evil/model"]}
+    w.status["recommendation"]["args"] = ["--trust-remote-code"]
+    w.run_until(TERMINAL)
+    assert "--trust-remote-code" not in production_args(w) and "evil/model" not in production_args(w)
+
+
+# ---- trials ----------------------------------------------------------------------------------------
+
+
+def test_a_setting_that_cannot_start_is_infeasible_with_the_engines_reason_and_the_search_goes_on():
+    w = world()
+    w.trial_failure = lambda seqs, gmu: ("ValueError: No available memory for the cache blocks. Try increasing "
+                                         "`gpu_memory_utilization`") if seqs == 64 else None
+    assert w.run_until(TERMINAL) == "Succeeded"
+    by_seqs = {t["setting"]["maxNumSeqs"]: t for t in w.status["trials"]}
+    assert by_seqs[64]["state"] == "Infeasible" and by_seqs[64]["reason"] == "KvCacheTooSmall"
+    assert "No available memory for the cache blocks" in by_seqs[64]["message"]
+    assert all(by_seqs[s]["state"] == "Done" for s in (8, 16, 32))
+
+
+def test_trial_objects_outlive_the_outcome_write_never_the_reverse():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
+    for _ in range(200):
+        w.tick()
+        done = [t for t in w.status.get("trials", []) if t["state"] == "Done"]
+        if done:
+            break
+    assert done, "the trial never finished"
+    # The tick that wrote the outcome kept the objects; the next one deletes them.
+    assert done[0]["name"] in w.deployments
+    w.tick()
+    assert done[0]["name"] not in w.deployments
+
+
+def test_a_lost_status_write_repeats_safely_in_every_phase():
+    clean = world(searchSpace={"maxNumSeqs": {"values": [16, 32]}})
+    clean.run_until(TERMINAL)
+    w = world(searchSpace={"maxNumSeqs": {"values": [16, 32]}})
+    seen = set()
+    for _ in range(300):
+        phase = w.phase
+        status_before = copy.deepcopy(w.status)
+        patches = len(w.patches)
+        w.tick(advance=0, settle=False)
+        # The same tick again, as if its status write had been lost in a crash.
+        w.status = status_before
+        w.tick(advance=0, settle=False)
+        assert len(w.created) == len(set(w.created)), f"phase {phase}: an object was created twice"
+        assert len(w.patches) - patches <= 1, f"phase {phase}: production was patched twice"
+        seen.add(phase)
+        w.now += timedelta(seconds=5)
+        w.settle()
+        if w.phase in TERMINAL:
+            break
+    assert {"Trialing", "Selecting", "Applying", "Verifying"} <= seen
+    assert (w.phase, w.status["bestSetting"], production_args(w)) == \
+        (clean.phase, clean.status["bestSetting"], production_args(clean))
+
+
+def test_a_second_tick_with_nothing_new_changes_nothing():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.auto_ready = False  # the trial pod never comes up: the loop can only wait
+    w.run_until({"Trialing"})
+    w.tick(advance=0)
+    w.tick(advance=0)
+    status, created, events = copy.deepcopy(w.status), list(w.created), list(w.events)
+    assert w.tick(advance=0, settle=False) == {}
+    assert w.status == status and w.created == created and w.events == events
+
+
+def test_readiness_timeout_fails_the_trial_not_the_setting():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, trial={"readinessTimeoutSeconds": 60})
+    w.auto_ready = False
+    w.run_until({"Trialing"})
+    for _ in range(30):
+        w.tick(advance=5)
+    trial = w.status["trials"][0]
+    assert trial["state"] == "Failed" and trial["reason"] == "ReadinessTimeout"
+    assert w.phase == "Failed" and w.condition("Failed")["reason"] == "NoFeasibleSetting"
+
+
+def test_prometheus_down_past_the_deadline_fails_the_trial_and_frees_its_gpus():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
+    install = Install(operator_image="batchtune:test", scrape_lag_seconds=0, measurement_deadline_seconds=120)
+    w.run_until({"Trialing"}, install=install)
+    while not any(j.get("status", {}).get("conditions") for j in w.jobs.values()):
+        w.tick(install)  # up to the first load run's end: its figures are what Prometheus must give
+    w.prometheus_up = False
+    for _ in range(80):
+        w.tick(install, advance=10)
+        if w.status["trials"][0]["state"] not in ("Deploying", "Measuring", "Warming"):
+            break
+    trial = w.status["trials"][0]
+    assert trial["state"] == "Failed" and trial["reason"] == "MeasurementUnavailable"
+    assert w.condition("Degraded")["reason"] == "PrometheusUnreachable"
+    w.tick(install)
+    assert trial["name"] not in w.deployments
+
+
+def test_no_free_gpu_waits_instead_of_oversubscribing():
+    w = world()
+    w.intents = [8]  # another BatchTuning decided a trial that takes the node's eight GPUs
+    w.run_until({"Trialing"})
+    w.tick()
+    assert w.status.get("trials", []) == []
+    assert w.condition("Progressing")["reason"] == "WaitingForGPUs"
+    w.intents = []
+    w.tick()
+    assert len(w.status["trials"]) == 1
+
+
+def test_a_two_gpu_trial_needs_two_gpus_on_one_node():
+    w = World(bt_spec=spec())
+    w.deployments["llm"] = production_target(gpus=2)
+    w.nodes = [{"metadata": {"name": f"n{i}", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+                "status": {"allocatable": {"nvidia.com/gpu": "1"}}} for i in range(4)]
+    w.run_until({"Trialing"})
+    w.tick()
+    assert w.status.get("trials", []) == [] and w.condition("Progressing")["reason"] == "WaitingForGPUs"
+
+
+def test_the_gpu_budget_stops_the_run_with_the_best_choice_so_far():
+    w = world(strategy={"type": "Grid", "maxTrials": 4, "maxGpuMinutes": 2})
+    assert w.run_until(TERMINAL) in ("Succeeded", "Failed")
+    assert "GpuBudgetExhausted" in reasons(w)
+    assert w.status["gpuMinutes"] >= 2
+    assert len([t for t in w.status["trials"] if t["state"] == "Done"]) < 4
+
+
+def test_a_changed_target_during_trials_starts_planning_over():
+    w = world()
+    w.run_until({"Trialing"})
+    for _ in range(5):
+        w.tick()
+    first = [t["name"] for t in w.status["trials"]]
+    w.deployments["llm"]["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.33.0"
+    w.tick()
+    assert w.phase == "Pending" and w.condition("Progressing")["reason"] == "TargetChanged"
+    w.run_until({"Trialing"})
+    w.tick()
+    assert not set(first) & {t["name"] for t in w.status["trials"]}  # trial names are never reused
+
+
+# ---- production: apply, verify, rollback --------------------------------------------------------------
+
+
+def degrade_after_change(w: World) -> None:
+    original = production_args(w)
+
+    def figures(dep, start, end):
+        changed = dep["spec"]["template"]["spec"]["containers"][0]["args"] != original
+        itl = 500.0 if changed else 15.0
+        return {"itlMs": itl, "ttftMs": 100.0, "e2eMs": 1000.0, "errorRatePercent": 0.0, "servedSharePercent": 100.0,
+                "requests": 500.0}
+    w.production_figures = figures
+
+
+def test_a_regression_rolls_back_to_exactly_the_previous_args():
+    w = world()
+    before = copy.deepcopy(w.deployments["llm"]["spec"]["template"]["spec"]["containers"][0])
+    degrade_after_change(w)
+    assert w.run_until(TERMINAL) == "RolledBack"
+    after = w.deployments["llm"]["spec"]["template"]["spec"]["containers"][0]
+    assert after == before
+    assert w.condition("Failed")["reason"] == "Regression" and mark(w).state is MarkState.ROLLED_BACK
+
+
+def test_a_rollback_never_overwrites_someone_elses_later_edit():
+    w = world()
+    degrade_after_change(w)
+    w.run_until({"Verifying"})
+    container = w.deployments["llm"]["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = ["--max-num-seqs", "4"]  # a person fixed it by hand meanwhile
+    w.deployments["llm"]["metadata"]["resourceVersion"] = w.next_rv()
+    assert w.run_until(TERMINAL) == "Failed"
+    assert w.condition("Failed")["reason"] == "ProductionChangedByOthers"
+    assert container["args"] == ["--max-num-seqs", "4"]
+
+
+def test_verify_waits_for_traffic_then_keeps_by_default():
+    w = world()
+    w.production_requests_per_second = 0.0
+    w.run_until({"Verifying"})
+    for _ in range(20):
+        w.tick()
+    assert w.phase == "Verifying" and w.condition("Progressing")["reason"] == "WaitingForTraffic"
+    assert w.run_until(TERMINAL) == "Succeeded"
+    assert w.condition("Succeeded")["reason"] == "KeptUnverified" and mark(w).state is MarkState.KEPT
+
+
+def test_verify_rolls_back_a_quiet_production_when_told_to():
+    w = world(apply={"onInconclusiveVerify": "RollBack"})
+    w.production_requests_per_second = 0.0
+    before = production_args(w)
+    assert w.run_until(TERMINAL) == "RolledBack"
+    assert w.condition("Failed")["reason"] == "VerifyInconclusive" and production_args(w) == before
+
+
+def test_verify_judges_as_soon_as_enough_requests_are_in():
+    w = world()
+    w.production_requests_per_second = 0.0
+    w.run_until({"Verifying"})
+    for _ in range(15):
+        w.tick()
+    w.production_requests_per_second = 5.0
+    assert w.run_until(TERMINAL, limit=10) == "Succeeded" and w.condition("Succeeded")["reason"] == "Verified"
+
+
+def test_a_stuck_rollout_rolls_back():
+    w = world(trial={"readinessTimeoutSeconds": 60})
+    w.rollout_done = False
+    assert w.run_until(TERMINAL) == "RolledBack"
+    assert w.condition("Failed")["reason"] == "RolloutStuck"
+
+
+def test_cooldown_holds_the_change():
+    w = world(apply={"cooldownSeconds": 3600})
+    w.deployments["llm"]["metadata"]["annotations"]["batchtune.io/applied-at"] = \
+        (w.now + timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    w.run_until({"Applying"})
+    for _ in range(5):
+        w.tick()
+    assert w.phase == "Applying" and w.condition("Progressing")["reason"] == "CooldownActive" and w.patches == []
+
+
+def test_an_apply_conflict_reads_again_and_never_forces():
+    w = world()
+    w.run_until({"Applying"})
+    w.conflict_next_patch = True
+    for _ in range(3):
+        w.tick()
+    assert "ApplyConflict" in json.dumps(w.status["conditions"]) or w.phase == "Verifying"
+    assert w.run_until(TERMINAL) == "Succeeded"
+
+
+def test_a_crash_between_patch_and_status_write_resumes_into_verifying():
+    w = world()
+    w.run_until({"Applying"})
+    while not w.patches:
+        saved = copy.deepcopy(w.status)
+        w.tick()
+    w.status = saved  # the status write of the patching tick was lost
+    w.tick()
+    assert w.phase == "Verifying" and w.status["applied"]["appliedAt"]
+    assert len(w.patches) == 1  # not patched twice
+    assert w.run_until(TERMINAL) == "Succeeded"
+
+
+def test_a_spec_change_restores_unverified_production_and_inherits_nothing():
+    w = world()
+    original = production_args(w)
+    w.run_until({"Verifying"})
+    w.tick()
+    w.generation = 2
+    w.bt_spec["apply"]["mode"] = "Recommend"
+    w.tick()
+    assert production_args(w) == original and mark(w).state is MarkState.ROLLED_BACK
+    assert w.phase == "Pending" and "applied" not in w.status and "recommendation" not in w.status
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert w.status["observedGeneration"] == 2 and "applied" not in w.status
+
+
+def test_deleting_the_tuning_mid_verify_restores_production():
+    w = world()
+    original = production_args(w)
+    w.run_until({"Verifying"})
+    w.delete()
+    assert production_args(w) == original
+    assert w.deployments.keys() == {"llm"}
+
+
+# ---- refusals --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, reason, words", [
+    pytest.param({"searchSpace": {"maxNumSeqs": {"values": [8]}, "extraArgs": ["--trust-remote-code"]}},
+                 "InvalidSpec", "spec.searchSpace.extraArgs[0]", id="code-loading-extra-arg"),
+    pytest.param({"searchSpace": {"maxNumSeqs": {"values": [8]}, "extraArgs": ["--max-num-seq=4"]}},
+                 "InvalidSpec", "spec.searchSpace.extraArgs[0]", id="tuned-knob-by-prefix"),
+    pytest.param({"load": {"image": "evil.example/miner:latest"}}, "NotAllowed", "spec.load.image", id="load-image"),
+    pytest.param({"prometheus": {"url": "http://169.254.169.254/latest/meta-data"}}, "NotAllowed",
+                 "link-local", id="metadata-url"),
+    pytest.param({"prometheus": {"url": "http://127.0.0.1:9090", "authSecretRef": {"name": "db-password"}}},
+                 "NotAllowed", "opted in", id="secret-not-opted-in"),
+    pytest.param({"slo": {"percentile": "P42"}}, "InvalidSpec", "percentile", id="invalid-spec"),
+])
+def test_refused_specs_fail_with_a_reason_naming_the_field(overrides, reason, words):
+    w = world(**overrides)
+    assert w.run_until(TERMINAL) == "Failed"
+    failed = w.condition("Failed")
+    assert failed["reason"] == reason and words in failed["message"]
+    assert w.patches == [] and not [c for c in w.created if c.startswith("Deployment/")]
+
+
+def test_an_empty_plan_fails_before_any_gpu_is_spent():
+    w = world(searchSpace={"maxNumSeqs": {"values": [64]}, "maxNumBatchedTokens": [32]})
+    assert w.run_until(TERMINAL) == "Failed" and w.condition("Failed")["reason"] == "EmptySearchSpace"
+    assert w.created == []
+
+
+def test_a_missing_target_waits_and_says_so():
+    w = World(bt_spec=spec())
+    for _ in range(3):
+        w.tick()
+    assert w.phase == "Pending" and w.condition("Progressing")["reason"] == "TargetNotFound"
+    w.deployments["llm"] = production_target()
+    w.tick()
+    assert w.phase == "Trialing"
+
+
+def test_a_long_name_gives_valid_child_names():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.name = "a" * 63
+    w.run_until({"Selecting", "Applying", "Verifying"} | TERMINAL)
+    assert all(len(c.split("/", 1)[1]) <= 63 for c in w.created)
+
+
+def test_trial_pods_never_match_production_or_its_services():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.deployments["llm"] = production_target(labels={"app": "llm", "tier": "gpu"})
+    w.deployments["llm"]["spec"]["selector"] = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["llm"]}]}
+    w.services = [{"spec": {"selector": {"tier": "gpu"}}}]
+    w.run_until({"Trialing"})
+    w.tick()
+    w.tick()
+    trial = w.deployments[w.status["trials"][0]["name"]]
+    labels = trial["spec"]["template"]["metadata"]["labels"]
+    assert "app" not in labels and "tier" not in labels
+    assert trial["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_world_model_has_a_knee():
+    # The fixtures above rely on it: more seqs past 32 add no throughput.
+    assert knee_model(64, 90, 64)["requestThroughput"] == knee_model(32, 90, 64)["requestThroughput"]
+    assert NS == "inference"
