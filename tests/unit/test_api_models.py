@@ -13,24 +13,34 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from batchtune import api
 from batchtune.api import (
     MISSING,
     BatchTuningStatus,
     FieldError,
+    InconclusivePolicy,
     InvalidBatchTuning,
+    LoadStepRecord,
     MaxNumSeqsSpec,
     Percentile,
     Phase,
+    PrunedSetting,
+    Reason,
+    RunRecord,
     Setting,
     SloSpec,
     StrategyType,
-    TrialMetrics,
+    TrialRecord,
     TrialState,
     load_file,
     parse_batchtuning,
     parse_spec,
     parse_status,
 )
+from batchtune.api.models import camel
+from batchtune.core import Setting as CoreSetting
+from batchtune.core import vocabulary
+from batchtune.core.vocabulary import LATENCY_METRICS
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 
@@ -74,7 +84,8 @@ def test_search_spec_delegates_candidates() -> None:
 def test_latency_targets_are_keyed_by_trial_metric_attribute(slo: dict[str, int], expected: dict[str, int]) -> None:
     targets = SloSpec.model_validate(slo).latency_targets_ms()
     assert targets == expected
-    assert all(name in TrialMetrics.model_fields for name in targets)
+    # Each key is the snake_case form of the status metric key it bounds (ttft_ms -> ttftMs).
+    assert all(camel(name) in LATENCY_METRICS for name in targets)
 
 
 def test_percentile_quantile() -> None:
@@ -90,6 +101,9 @@ def test_defaults_follow_the_agreed_field_list() -> None:
     assert (spec.load.input_tokens, spec.load.output_tokens, spec.load.from_production) == (512, 128, False)
     assert (spec.trial.warmup_seconds, spec.trial.measure_seconds, spec.trial.readiness_timeout_seconds) == (30, 60, 900)
     assert spec.apply.mode is None  # unset means "detect GitOps", not Auto
+    assert (spec.apply.verify_seconds, spec.apply.verify_min_requests, spec.apply.verify_timeout_seconds) == (300, 50, 3600)
+    assert spec.apply.on_inconclusive_verify is InconclusivePolicy.KEEP
+    assert spec.strategy.max_gpu_minutes is None
     assert spec.prometheus.labels.model == "model_name"
 
 
@@ -100,29 +114,86 @@ def test_snake_case_names_are_accepted_as_well_as_camel_case() -> None:
     assert by_alias.values == [8]
 
 
-def test_models_are_frozen() -> None:
+def test_spec_models_are_frozen() -> None:
     spec = parse_spec(minimal_object()["spec"])
     with pytest.raises(ValidationError):
         spec.strategy.max_trials = 99  # type: ignore[misc]
 
 
-def test_settings_are_hashable_and_equal_by_value() -> None:
+def test_status_models_are_mutable_and_validate_assignment() -> None:
+    status = parse_status(full_status())
+    status.phase = Phase.SELECTING
+    status.trials[0].state = TrialState.FAILED
+    assert status.phase is Phase.SELECTING and status.to_wire()["trials"][0]["state"] == "Failed"
+    status.phase = "Verifying"  # type: ignore[assignment]
+    assert status.phase is Phase.VERIFYING
+    with pytest.raises(ValidationError):
+        status.phase = "Sleeping"  # type: ignore[assignment]
+    with pytest.raises(ValidationError):
+        status.trials_planned = -1
+    with pytest.raises(ValidationError):
+        status.trials[0].reason = "NotAReason"  # type: ignore[assignment]
+    status.trials[0].metrics = {"ttftMs": math.nan, "itlMs": 3.0}
+    assert status.trials[0].metrics == {"itlMs": 3.0}
+
+
+def test_settings_are_frozen_hashable_and_equal_by_value() -> None:
     a = Setting(max_num_seqs=64, gpu_memory_utilization_percent=90)
     b = Setting.model_validate({"maxNumSeqs": 64, "gpuMemoryUtilizationPercent": 90})
     assert a == b and len({a, b}) == 1
-    assert a.summary() == "seqs=64 gpu=90%"
+    with pytest.raises(ValidationError):
+        a.max_num_seqs = 8  # type: ignore[misc]
+    assert a.summary() == "seqs=64 gmu=90%"
     assert Setting(max_num_seqs=8, gpu_memory_utilization_percent=95, max_num_batched_tokens=4096).summary() == \
-        "seqs=8 gpu=95% tokens=4096"
+        "seqs=8 gmu=95% mbt=4096"
 
 
-def test_nan_metrics_are_stored_as_absent() -> None:
-    metrics = TrialMetrics(ttft_ms=math.nan, itl_ms=12.5)
-    assert metrics.ttft_ms is None and metrics.itl_ms == 12.5
+@pytest.mark.parametrize("core", [
+    pytest.param(CoreSetting(64, 90), id="two-knobs"),
+    pytest.param(CoreSetting(8, 95, 4096), id="three-knobs"),
+])
+def test_settings_convert_to_and_from_the_core(core: CoreSetting) -> None:
+    model = Setting.of(core)
+    assert model.core() == core and Setting.of(model.core()) == model
+    assert model.to_wire() == core.to_status()
 
 
-def test_unknown_metrics_are_kept() -> None:
-    metrics = TrialMetrics.model_validate({"ttftMs": 10, "queueMs": 3.5})
-    assert metrics.model_dump(by_alias=True, exclude_none=True) == {"ttftMs": 10.0, "queueMs": 3.5}
+@pytest.mark.parametrize("metrics, expected", [
+    pytest.param({"ttftMs": math.nan, "itlMs": 12.5}, {"itlMs": 12.5}, id="nan-dropped"),
+    pytest.param({"ttftMs": math.inf, "e2eMs": -math.inf, "itlMs": 1}, {"ttftMs": 1e12, "itlMs": 1.0},
+                 id="inf-latency-stays-a-violation"),
+    pytest.param({"outputThroughput": math.inf, "itlMs": 1}, {"itlMs": 1.0}, id="inf-other-dropped"),
+    pytest.param({"ttftMs": 10, "queueMs": 3.5}, {"ttftMs": 10.0, "queueMs": 3.5}, id="any-key-kept"),
+    pytest.param({"ttftMs": True, "itlMs": "fast", "e2eMs": None}, {}, id="not-numbers-dropped"),
+])
+def test_metrics_keep_only_finite_numbers(metrics: dict[str, Any], expected: dict[str, float]) -> None:
+    trial = TrialRecord(index=0, name="t", setting=Setting(max_num_seqs=8, gpu_memory_utilization_percent=90), metrics=metrics)
+    assert trial.metrics == expected
+    assert RunRecord(metrics=metrics).metrics == expected
+    assert LoadStepRecord(load=1, metrics=metrics).metrics == expected
+
+
+def test_step_results_are_run_records() -> None:
+    step = LoadStepRecord.model_validate({"load": 4, "results": [{"metrics": {"itlMs": 20.0, "x": math.nan},
+                                                                  "crossCheck": "itlMs: apart"}]})
+    assert step.results == [RunRecord(metrics={"itlMs": 20.0}, cross_check="itlMs: apart")]
+    assert step.to_wire()["results"] == [{"metrics": {"itlMs": 20.0}, "crossCheck": "itlMs: apart"}]
+
+
+def test_pruned_setting_reason_is_a_code_with_a_message() -> None:
+    pruned = PrunedSetting.model_validate({"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90},
+                                           "reason": "DoesNotFitMemory", "message": "does not fit",
+                                           "memoryReason": "KvCacheTooSmall"})
+    assert pruned.reason is Reason.DOES_NOT_FIT_MEMORY and pruned.memory_reason is Reason.KV_CACHE_TOO_SMALL
+    assert pruned.message == "does not fit"
+    with pytest.raises(ValidationError):
+        PrunedSetting.model_validate({"setting": {"maxNumSeqs": 8, "gpuMemoryUtilizationPercent": 90},
+                                      "reason": "does not fit"})
+
+
+def test_vocabulary_comes_from_the_core() -> None:
+    for name in ("Phase", "TrialState", "Verdict", "ConditionType", "Reason"):
+        assert getattr(api, name) is getattr(vocabulary, name)
 
 
 @pytest.mark.parametrize("edit, path, value", [
@@ -142,6 +213,39 @@ def test_all_errors_are_reported_at_once() -> None:
     with pytest.raises(InvalidBatchTuning) as caught:
         parse_spec(spec)
     assert set(caught.value.paths) == {"spec.trial.repeats", "spec.trial.measureSeconds", "spec.strategy.type"}
+
+
+def _apply(**fields: Any) -> dict[str, Any]:
+    return minimal_object()["spec"] | {"apply": fields}
+
+
+@pytest.mark.parametrize("apply, expected", [
+    pytest.param({"verifySeconds": 10}, (10, 3600, InconclusivePolicy.KEEP), id="shortest-window"),
+    pytest.param({"verifySeconds": 600, "verifyTimeoutSeconds": 600}, (600, 600, InconclusivePolicy.KEEP), id="timeout-equals-window"),
+    pytest.param({"onInconclusiveVerify": "RollBack"}, (300, 3600, InconclusivePolicy.ROLL_BACK), id="roll-back"),
+])
+def test_apply_verify_fields(apply: dict[str, Any], expected: tuple[int, int, InconclusivePolicy]) -> None:
+    spec = parse_spec(_apply(**apply))
+    assert (spec.apply.verify_seconds, spec.apply.verify_timeout_seconds, spec.apply.on_inconclusive_verify) == expected
+
+
+@pytest.mark.parametrize("spec, path", [
+    pytest.param(_apply(verifySeconds=9), "spec.apply.verifySeconds", id="verify-seconds-below-10"),
+    pytest.param(_apply(verifySeconds=0), "spec.apply.verifySeconds", id="verify-seconds-zero"),
+    pytest.param(_apply(verifySeconds=4000), "spec.apply.verifyTimeoutSeconds", id="timeout-shorter-than-window"),
+    pytest.param(_apply(verifyMinRequests=0), "spec.apply.verifyMinRequests", id="min-requests-zero"),
+    pytest.param(_apply(onInconclusiveVerify="Ignore"), "spec.apply.onInconclusiveVerify", id="unknown-policy"),
+    pytest.param(minimal_object()["spec"] | {"strategy": {"maxGpuMinutes": 0}}, "spec.strategy.maxGpuMinutes", id="gpu-minutes-zero"),
+    pytest.param(minimal_object()["spec"] | {"load": {"durationSeconds": 60}}, "spec.load.durationSeconds", id="duration-removed"),
+])
+def test_new_spec_fields_are_validated(spec: dict[str, Any], path: str) -> None:
+    with pytest.raises(InvalidBatchTuning) as caught:
+        parse_spec(spec)
+    assert caught.value.paths == [path]
+
+
+def test_max_gpu_minutes() -> None:
+    assert parse_spec(minimal_object()["spec"] | {"strategy": {"maxGpuMinutes": 120}}).strategy.max_gpu_minutes == 120
 
 
 @pytest.mark.parametrize("error, text", [
@@ -189,14 +293,18 @@ def full_status() -> dict[str, Any]:
         "conditions": [{"type": "Progressing", "status": "True", "reason": "TrialRunning", "message": "trial 1 of 6",
                         "lastTransitionTime": "2025-01-02T03:04:05Z", "observedGeneration": 3}],
         "baseline": {"maxNumSeqs": 256, "gpuMemoryUtilizationPercent": 90, "args": ["--model", "m"]},
-        "pruned": [{"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90}, "reason": "does not fit"}],
-        "trials": [{"index": 0, "name": "bt-trial-0", "setting": setting, "state": "Done", "repeat": 0,
+        "pruned": [{"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90}, "reason": "DoesNotFitMemory",
+                    "message": "does not fit", "memoryReason": "KvCacheTooSmall"}],
+        "trials": [{"index": 0, "name": "bt-trial-0", "setting": setting, "state": "Done", "reason": "Measured",
                     "startedAt": "2025-01-02T03:00:00Z", "finishedAt": "2025-01-02T03:04:00Z",
-                    "metrics": {"itlMs": 31.5, "outputThroughput": 2400.0}, "verdict": "Met", "verdictReason": "all met"}],
-        "bestTrial": "bt-trial-0", "bestSetting": "seqs=64 gpu=90%",
+                    "metrics": {"itlMs": 31.5, "outputThroughput": 2400.0}, "verdict": "Met", "verdictReason": "all met",
+                    "steps": [{"load": 32, "results": [{"metrics": {"itlMs": 31.5}, "crossCheck": "itlMs: apart"}],
+                               "metrics": {"itlMs": 31.5}, "verdict": "Met", "margin": 0.2}]}],
+        "bestTrial": "bt-trial-0", "bestSetting": "seqs=64 gmu=90%",
         "knee": {"maxNumSeqs": 64, "reason": "gain per doubling below 5%"},
         "recommendation": {"setting": setting, "args": ["--max-num-seqs", "64"], "reason": "best", "replicasHint": 2},
-        "applied": {"previousArgs": ["a"], "newArgs": ["b"], "appliedAt": "2025-01-02T04:00:00Z"},
+        "applied": {"previous": {"args": ["a"]}, "new": {"args": ["b"]}, "appliedAt": "2025-01-02T04:00:00Z",
+                    "before": {"itlMs": 30.0}, "after": {"itlMs": 29.0}},
     }
 
 
@@ -205,6 +313,9 @@ def test_status_round_trips_through_its_wire_form() -> None:
     assert status.phase is Phase.TRIALING and status.trials[0].state is TrialState.DONE
     assert status.trials[0].started_at == datetime(2025, 1, 2, 3, 0, tzinfo=timezone.utc)
     assert status.condition("Progressing").reason == "TrialRunning"
+    assert status.trials[0].reason is Reason.MEASURED and status.pruned[0].reason is Reason.DOES_NOT_FIT_MEMORY
+    assert status.trials[0].steps[0].results[0].metrics == {"itlMs": 31.5}
+    assert status.applied.previous.args == ["a"] and status.applied.new.args == ["b"]
     assert parse_status(status.to_wire()) == status
     assert status.to_wire()["trials"][0]["startedAt"] == "2025-01-02T03:00:00Z"
 

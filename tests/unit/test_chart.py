@@ -208,7 +208,8 @@ def test_cluster_wide_rbac_grants_what_kopf_and_the_operator_need():
     assert grants(rules, "", "pods") == {"get", "list", "watch"}
     assert grants(rules, "", "configmaps") == {"get", "create", "update", "patch"}
     assert grants(rules, "", "secrets") == {"get"}
-    assert grants(rules, "", "nodes") == {"get", "list"}
+    assert grants(rules, "", "nodes") == {"get", "list", "watch"}
+    assert grants(rules, "", "services") == {"list"}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == "bt-batchtune"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bt-batchtune", "namespace": NAMESPACE}]

@@ -15,24 +15,31 @@ from batchtune.core import (
     Setting,
     SloTargets,
     Verdict,
-    doublings,
     evaluate_slo,
     percent_to_fraction,
     plan_candidates,
 )
+from batchtune.core.planning import doublings
+from batchtune.core.slo import MIN_SAMPLES
+from batchtune.core.vocabulary import Reason
+from batchtune.engines import VLLM
 
 SLO = SloTargets(percentile=95, ttft_ms=200, e2e_ms=1000, max_error_rate_percent=1, headroom_percent=10)
+OK = {"ttftMs": 150, "e2eMs": 800, "errorRatePercent": 0}
 
 
 @pytest.mark.parametrize("metrics, verdict, fragment", [
-    pytest.param({"ttftMs": 150, "e2eMs": 800, "errorRatePercent": 0}, Verdict.MET, "p95 TTFT 150 ms <= 180 ms", id="met"),
+    pytest.param(OK, Verdict.MET, "p95 TTFT 150 ms <= 180 ms", id="met"),
     pytest.param({"ttftMs": 190, "e2eMs": 800, "errorRatePercent": 0}, Verdict.VIOLATED, "190 ms > 180 ms", id="inside-headroom-violates"),
     pytest.param({"ttftMs": 180, "e2eMs": 900, "errorRatePercent": 1}, Verdict.MET, "", id="exactly-at-limit"),
     pytest.param({"ttftMs": 150, "errorRatePercent": 0}, Verdict.UNKNOWN, "E2E latency is not measured", id="missing"),
     pytest.param({"ttftMs": math.nan, "e2eMs": 800, "errorRatePercent": 0}, Verdict.UNKNOWN, "not measured", id="nan"),
-    pytest.param({"ttftMs": math.inf, "e2eMs": 800, "errorRatePercent": 0}, Verdict.UNKNOWN, "not measured", id="inf"),
+    pytest.param({"ttftMs": math.inf, "e2eMs": 800, "errorRatePercent": 0}, Verdict.VIOLATED, "above the highest histogram bucket",
+                 id="inf-is-above-the-last-bucket"),
+    pytest.param({"ttftMs": -math.inf, "e2eMs": 800, "errorRatePercent": 0}, Verdict.UNKNOWN, "not measured", id="minus-inf"),
     pytest.param({"ttftMs": "fast", "e2eMs": 800, "errorRatePercent": 0}, Verdict.UNKNOWN, "not measured", id="garbage"),
     pytest.param({"ttftMs": 150, "e2eMs": 800}, Verdict.UNKNOWN, "error rate is not measured", id="no-error-rate"),
+    pytest.param({"ttftMs": 150, "e2eMs": 800, "errorRatePercent": math.inf}, Verdict.UNKNOWN, "error rate is not measured", id="inf-error-rate"),
     pytest.param({"ttftMs": 150, "e2eMs": 800, "errorRatePercent": 5}, Verdict.VIOLATED, "error rate 5% > 1%", id="errors"),
     pytest.param({"ttftMs": 500, "errorRatePercent": 0}, Verdict.VIOLATED, "500 ms > 180", id="violated-beats-unknown"),
     pytest.param({}, Verdict.UNKNOWN, "", id="empty"),
@@ -43,12 +50,37 @@ def test_evaluate_slo(metrics, verdict, fragment):
     assert fragment in result.reason
 
 
+@pytest.mark.parametrize("extra, verdict, fragment", [
+    pytest.param({"samples": MIN_SAMPLES}, Verdict.MET, "", id="enough-samples"),
+    pytest.param({"samples": MIN_SAMPLES - 1}, Verdict.UNKNOWN, f"only {MIN_SAMPLES - 1} requests", id="too-few-samples"),
+    pytest.param({"samples": 0}, Verdict.UNKNOWN, "only 0 requests", id="no-samples"),
+    pytest.param({"samples": 5, "ttftMs": 500}, Verdict.VIOLATED, "500 ms > 180", id="few-samples-but-a-breach"),
+    pytest.param({"samples": math.nan}, Verdict.MET, "", id="samples-unknown-is-not-counted"),
+    pytest.param({"waitingGrowth": 2.0, "waitingRequests": 0.0}, Verdict.MET, "", id="queue-growth-at-the-floor"),
+    pytest.param({"waitingGrowth": 2.5, "waitingRequests": 0.0}, Verdict.VIOLATED, "the queue grew by 2.5", id="queue-grew"),
+    pytest.param({"waitingGrowth": 9.0, "waitingRequests": 20.0}, Verdict.MET, "", id="growth-within-half-the-mean"),
+    pytest.param({"waitingGrowth": 11.0, "waitingRequests": 20.0}, Verdict.VIOLATED, "the queue grew by 11", id="growth-above-half-the-mean"),
+    pytest.param({"waitingGrowth": 5.0}, Verdict.VIOLATED, "the queue grew by 5", id="growth-mean-unknown"),
+    pytest.param({"waitingGrowth": -30.0, "waitingRequests": 10.0}, Verdict.MET, "", id="queue-drained"),
+    pytest.param({"waitingGrowth": math.nan, "waitingRequests": 10.0}, Verdict.MET, "", id="growth-unknown"),
+])
+def test_evaluate_slo_samples_and_steady_state(extra, verdict, fragment):
+    result = evaluate_slo({**OK, **extra}, SLO)
+    assert result.verdict is verdict
+    assert fragment in result.reason
+
+
+def test_min_samples_is_configurable():
+    assert evaluate_slo({**OK, "samples": 5}, SloTargets(ttft_ms=200, e2e_ms=1000, min_samples=5)).verdict is Verdict.MET
+    assert evaluate_slo({**OK, "samples": 4}, SloTargets(ttft_ms=200, e2e_ms=1000, min_samples=5)).verdict is Verdict.UNKNOWN
+
+
 def test_no_target_is_never_met():
     assert evaluate_slo({"errorRatePercent": 0}, SloTargets()).verdict is Verdict.UNKNOWN
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(["ttftMs", "e2eMs", "itlMs", "errorRatePercent"]),
+@given(st.dictionaries(st.sampled_from(["ttftMs", "e2eMs", "itlMs", "errorRatePercent", "samples", "waitingGrowth"]),
                        st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3))))
 def test_met_only_on_finite_values_within_limits(metrics):
     result = evaluate_slo(metrics, SLO)
@@ -57,11 +89,13 @@ def test_met_only_on_finite_values_within_limits(metrics):
             value = float(metrics[key])
             assert math.isfinite(value) and value <= target * 0.9
         assert float(metrics["errorRatePercent"]) <= 1
+        samples = metrics.get("samples")
+        assert not isinstance(samples, float) or not math.isfinite(samples) or samples >= MIN_SAMPLES
 
 
 def test_setting_args_label_and_status():
     s = Setting(64, 90, 8192)
-    assert s.as_args() == ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.90", "--max-num-batched-tokens", "8192"]
+    assert VLLM.setting_args(s) == ["--max-num-seqs", "64", "--gpu-memory-utilization", "0.90", "--max-num-batched-tokens", "8192"]
     assert s.label() == "seqs=64 gmu=90% mbt=8192"
     assert Setting.from_status(s.to_status()) == s
     assert Setting(8, 95).label() == "seqs=8 gmu=95%"
@@ -81,27 +115,78 @@ def test_doublings(lo, hi, expected):
     assert doublings(lo, hi) == expected
 
 
+def _invariant(limits: EngineLimits):
+    return lambda s: VLLM.invariant_violation(s, limits)
+
+
 def test_plan_prunes_vllm_invariants_with_vllm_messages():
-    plan = plan_candidates(SearchSpace((64, 128, 256), (90,), (128, 2048)), EngineLimits(max_model_len=4096, chunked_prefill=False))
-    reasons = {p.setting: p.reason for p in plan.pruned}
-    assert "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)." in reasons[Setting(256, 90, 128)]
-    assert "max_num_batched_tokens (2048) is smaller than max_model_len (4096)" in reasons[Setting(64, 90, 2048)]
+    limits = EngineLimits(max_model_len=4096, chunked_prefill=False)
+    plan = plan_candidates(SearchSpace((64, 128, 256), (90,), (128, 2048)), _invariant(limits), limits=limits)
+    pruned = {p.setting: p for p in plan.pruned}
+    assert {p.reason for p in plan.pruned} == {Reason.ENGINE_INVARIANT}
+    assert "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)." in pruned[Setting(256, 90, 128)].message
+    assert "max_num_batched_tokens (2048) is smaller than max_model_len (4096)" in pruned[Setting(64, 90, 2048)].message
     assert plan.candidates == ()
     assert plan.error and "no candidate setting is left after 6 were pruned" in plan.error
 
 
 def test_plan_uses_target_mbt_when_not_searched_and_fit_hook():
-    fits = lambda s: FitVerdict(False, "KV cache too small") if s.max_num_seqs > 128 else FitVerdict(None if s.max_num_seqs == 128 else True, "estimate")  # noqa: E731
-    plan = plan_candidates(SearchSpace((64, 128, 256, 512), (90, 95)), EngineLimits(max_num_batched_tokens=300), fits)
+    def fits(s):
+        if s.max_num_seqs > 128:
+            return FitVerdict(False, "KV cache too small", Reason.KV_CACHE_TOO_SMALL if s.gpu_memory_utilization_percent == 90
+                              else Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH)
+        return FitVerdict(None if s.max_num_seqs == 128 else True, "estimate")
+
+    limits = EngineLimits(max_num_batched_tokens=300)
+    plan = plan_candidates(SearchSpace((64, 128, 256, 512), (90, 95)), _invariant(limits), fits, limits)
     assert [s.label() for s in plan.candidates] == ["seqs=64 gmu=90%", "seqs=128 gmu=90%", "seqs=64 gmu=95%", "seqs=128 gmu=95%"]
-    reasons = {p.setting.max_num_seqs: p.reason for p in plan.pruned}
-    assert "must be greater than or equal to max_num_seqs (512)" in reasons[512]
-    assert "does not fit in GPU memory: KV cache too small" in reasons[256]
+    pruned = {(p.setting.max_num_seqs, p.setting.gpu_memory_utilization_percent): p for p in plan.pruned}
+    assert pruned[512, 90].reason is Reason.ENGINE_INVARIANT and pruned[512, 90].memory_reason is None
+    assert "must be greater than or equal to max_num_seqs (512)" in pruned[512, 90].message
+    assert pruned[256, 90].reason is Reason.DOES_NOT_FIT_MEMORY
+    assert "does not fit in GPU memory: KV cache too small" in pruned[256, 90].message
+    assert pruned[256, 90].memory_reason is Reason.KV_CACHE_TOO_SMALL
+    assert pruned[256, 95].memory_reason is Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH
     assert any("memory fit unknown for 2" in n for n in plan.notes)
+    assert not any("neither searched nor set" in n for n in plan.notes)
     assert plan.error is None
 
 
-def test_engine_limits_from_flags():
-    assert EngineLimits.from_flags({"no-enable-chunked-prefill": None, "max-model-len": "8192"}) == EngineLimits(8192, False, None)
-    assert EngineLimits.from_flags({"enable-chunked-prefill": "false"}).chunked_prefill is False
-    assert EngineLimits.from_flags({"max-num-batched-tokens": "2048"}).max_num_batched_tokens == 2048
+def test_plan_memory_reason_defaults_to_kv_cache_too_small():
+    plan = plan_candidates(SearchSpace((8,)), fits=lambda s: FitVerdict(False, "too big"))
+    assert [(p.reason, p.memory_reason) for p in plan.pruned] == [(Reason.DOES_NOT_FIT_MEMORY, Reason.KV_CACHE_TOO_SMALL)]
+
+
+def test_plan_notes_without_mbt_or_estimator():
+    plan = plan_candidates(SearchSpace((8, 16)))
+    assert len(plan.candidates) == 2 and plan.pruned == ()
+    assert any("neither searched nor set" in n for n in plan.notes)
+    assert any("no memory-fit estimator" in n for n in plan.notes)
+
+
+def _limits(*flags: str) -> EngineLimits:
+    return VLLM.limits(VLLM.read({"name": "v", "command": ["vllm", "serve", "m", *flags]}))
+
+
+@pytest.mark.parametrize("flags, expected", [
+    pytest.param(("--no-enable-chunked-prefill", "--max-model-len", "8192"), EngineLimits(8192, False, None), id="no-chunked"),
+    pytest.param(("--enable-chunked-prefill=false",), EngineLimits(None, False, None), id="chunked-false"),
+    pytest.param(("--enable-chunked-prefill",), EngineLimits(None, True, None), id="chunked-switch"),
+    pytest.param(("--max-num-batched-tokens", "2048"), EngineLimits(None, True, 2048), id="mbt"),
+    pytest.param((), EngineLimits(None, True, None), id="defaults"),
+])
+def test_engine_limits_from_the_target(flags, expected):
+    assert _limits(*flags) == expected
+
+
+@pytest.mark.parametrize("setting, limits, fragment", [
+    pytest.param(Setting(64, 90, 32), EngineLimits(), "must be greater than or equal to max_num_seqs (64)", id="mbt-below-seqs"),
+    pytest.param(Setting(64, 90), EngineLimits(max_num_batched_tokens=32), "(32) must be greater", id="targets-mbt"),
+    pytest.param(Setting(64, 90, 2048), EngineLimits(max_model_len=4096, chunked_prefill=False), "smaller than max_model_len",
+                 id="no-chunking-mbt-below-model-len"),
+    pytest.param(Setting(64, 90, 2048), EngineLimits(max_model_len=4096, chunked_prefill=True), None, id="chunking-allows-it"),
+    pytest.param(Setting(64, 90), EngineLimits(), None, id="mbt-unknown"),
+])
+def test_vllm_invariant_violation(setting, limits, fragment):
+    violation = VLLM.invariant_violation(setting, limits)
+    assert (violation is None) if fragment is None else (fragment in violation)

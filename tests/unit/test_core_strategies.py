@@ -6,20 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchtune.core import (
-    REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH,
-    REASON_KV_CACHE_TOO_SMALL,
-    SearchSpace,
-    Setting,
-    SloTargets,
-    TrialOutcome,
-    TrialState,
-    Verdict,
-    doublings,
-    make_strategy,
-    plan_candidates,
-)
+from batchtune.core import SearchSpace, Setting, SloTargets, TrialOutcome, make_strategy, plan_candidates
+from batchtune.core.outcomes import TrialState as ReexportedTrialState
+from batchtune.core.outcomes import Verdict as ReexportedVerdict
+from batchtune.core.planning import PrunedSetting, doublings
+from batchtune.core.search import Search, learned_from_pruned
 from batchtune.core.strategies import blocked_reason
+from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
 
 SLO = SloTargets(e2e_ms=1000)
 KINDS = ["Grid", "Adaptive", "Bayesian"]
@@ -30,7 +23,7 @@ def synthetic(boundary: int, knee: int = 64, kv: float = 50.0, infeasible_from: 
     """Latency grows with seqs; SLO met up to `boundary` (scaled per gmu); throughput flattens at `knee`."""
     def run(s: Setting) -> TrialOutcome:
         if infeasible_from is not None and s.max_num_seqs >= infeasible_from and s.gpu_memory_utilization_percent <= 90:
-            return TrialOutcome(TrialState.INFEASIBLE, reason=REASON_KV_CACHE_TOO_SMALL)
+            return TrialOutcome(TrialState.INFEASIBLE, reason=Reason.KV_CACHE_TOO_SMALL)
         limit = boundary * (gmu_boost or {}).get(s.gpu_memory_utilization_percent, 1)
         met = s.max_num_seqs <= limit
         throughput = 100.0 * min(s.max_num_seqs, knee) + s.max_num_seqs
@@ -107,8 +100,9 @@ def test_adaptive_skips_higher_gmu_when_not_kv_bound():
     history = drive("Adaptive", plan_candidates(SearchSpace(doublings(4, 512), (80, 90, 95))), synthetic(100, kv=40.0))
     assert {s.gpu_memory_utilization_percent for s, _ in history} == {80}
     strategy = make_strategy("Adaptive", plan_candidates(SearchSpace(doublings(4, 512), (80, 90, 95))), SLO, seed=0, max_trials=64)
-    reasons = [p.reason for p in strategy.skipped(history)]
-    assert any("not KV-bound" in r for r in reasons)
+    skipped = strategy.skipped(history)
+    assert {p.reason for p in skipped} == {Reason.DOMINATED}
+    assert any("not KV-bound" in p.message for p in skipped)
 
 
 def test_adaptive_escalates_gmu_when_kv_bound():
@@ -138,7 +132,7 @@ def test_adaptive_gmu_too_high_rules_out_higher_gmu():
 
     def run(s):
         if s.gpu_memory_utilization_percent >= 90:
-            return TrialOutcome(TrialState.INFEASIBLE, reason=REASON_GPU_MEMORY_UTILIZATION_TOO_HIGH)
+            return TrialOutcome(TrialState.INFEASIBLE, reason=Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH)
         raise AssertionError
 
     history = drive("Adaptive", plan, run)
@@ -214,7 +208,7 @@ def test_adaptive_reads_queued_ttft_violation_as_too_small():
     assert history[0][0].max_num_seqs < 128
     assert largest_met(history) == 128
     assert len(history) <= 4
-    assert any("too small for the load" in p.reason for p in strategy.skipped(history))
+    assert any("too small for the load" in p.message for p in strategy.skipped(history))
 
 
 @pytest.mark.parametrize(("metrics", "too_small"), [
@@ -247,3 +241,90 @@ def test_adaptive_probes_below_when_the_smallest_batch_measured_scores_best():
     best = max(history, key=lambda h: h[1].objective)[0]
     assert best.max_num_seqs == 16
     assert len(history) < len(PLAN_1D.candidates)
+
+
+def test_outcomes_reexports_the_vocabulary():
+    assert ReexportedTrialState is TrialState and ReexportedVerdict is Verdict
+
+
+@pytest.mark.parametrize("state", [
+    pytest.param(TrialState.PENDING, id="pending"),
+    pytest.param(TrialState.DEPLOYING, id="deploying"),
+    pytest.param(TrialState.WARMING, id="warming"),
+    pytest.param(TrialState.MEASURING, id="measuring"),
+])
+def test_trial_outcome_refuses_an_unfinished_state(state):
+    with pytest.raises(ValueError, match=f"not {state.value}"):
+        TrialOutcome(state)
+
+
+@pytest.mark.parametrize("state", [TrialState.DONE, TrialState.INFEASIBLE, TrialState.FAILED, "Done"])
+def test_trial_outcome_takes_a_finished_state(state):
+    assert TrialOutcome(state).state is TrialState(state)
+
+
+def test_trial_outcome_never_ranks_nan_or_inf():
+    assert TrialOutcome(TrialState.DONE, Verdict.MET, float("nan")).objective is None
+    assert TrialOutcome(TrialState.DONE, Verdict.MET, float("inf")).objective is None
+    assert TrialOutcome(TrialState.DONE, Verdict.MET, 1.0, {M.TTFT_MS: float("inf")}).metric(M.TTFT_MS) is None
+
+
+SPACE_2GMU = SearchSpace((4, 8, 16), (90, 95))
+SLO_ITL = SloTargets(itl_ms=50)
+
+
+def _memory_pruned(*settings: Setting, memory_reason: Reason | None = Reason.KV_CACHE_TOO_SMALL) -> list[PrunedSetting]:
+    return [PrunedSetting(s, Reason.DOES_NOT_FIT_MEMORY,
+                          "does not fit in GPU memory: ValueError: No available memory for the cache blocks.", memory_reason)
+            for s in settings]
+
+
+@pytest.mark.parametrize("pruned, learned", [
+    pytest.param(_memory_pruned(Setting(8, 90), Setting(16, 90)), [(Setting(8, 90), Reason.KV_CACHE_TOO_SMALL),
+                                                                    (Setting(16, 90), Reason.KV_CACHE_TOO_SMALL)], id="kv"),
+    pytest.param(_memory_pruned(Setting(16, 95), memory_reason=Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH),
+                 [(Setting(16, 95), Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH)], id="gmu-too-high"),
+    pytest.param(_memory_pruned(Setting(8, 90), memory_reason=None), [(Setting(8, 90), Reason.KV_CACHE_TOO_SMALL)],
+                 id="unknown-memory-reason-is-kv"),
+    pytest.param([PrunedSetting(Setting(8, 90), Reason.ENGINE_INVARIANT, "vLLM would refuse to start"),
+                  PrunedSetting(Setting(16, 90), Reason.DOMINATED, "dominated")], [], id="not-memory"),
+    pytest.param(_memory_pruned(Setting(32, 90)), [], id="outside-the-plan"),
+])
+def test_learned_from_pruned(pruned, learned):
+    entries = learned_from_pruned(pruned, set(plan_candidates(SPACE_2GMU).candidates))
+    assert [(s, o.reason) for s, o in entries] == learned
+    for _, outcome in entries:
+        assert outcome.state is TrialState.INFEASIBLE and not outcome.met and "No available memory" in outcome.message
+
+
+def test_memory_pruned_settings_teach_the_strategy_without_spending_trials():
+    pruned = _memory_pruned(Setting(8, 90), Setting(16, 90))
+    search = Search.start("Adaptive", SPACE_2GMU, None, pruned, SLO_ITL, "SloCapacity", 0, 3)
+    assert len(search.learned) == 2
+    assert search.strategy.max_trials == 3 + 2  # what the prefilter taught is outside maxTrials
+    met = TrialOutcome(TrialState.DONE, Verdict.MET, 2.0, {
+        M.REQUEST_THROUGHPUT: 2.0, M.SLO_CAPACITY: 2.0, M.KV_CACHE_USAGE_PERCENT: 30.0, M.PREEMPTIONS_PER_SECOND: 0.0,
+        M.TTFT_MS: 100.0, M.ITL_MS: 20.0, M.ERROR_RATE_PERCENT: 0.0})
+    nxt = search.ask([(Setting(4, 90), met)])
+    # The gmu-90% column ends where memory ran out, not at the SLO: more memory is worth a trial.
+    assert nxt is not None and nxt.gpu_memory_utilization_percent == 95
+    first = search.ask([])
+    assert first is not None and first not in {p.setting for p in pruned}
+    assert search.ask([], pending=[first]) != first
+
+
+def test_search_is_rebuilt_the_same_from_the_same_inputs():
+    pruned = _memory_pruned(Setting(16, 90))
+    a = Search.start("Bayesian", SPACE_2GMU, None, pruned, SLO_ITL, "SloCapacity", 7, 4)
+    b = Search.start("Bayesian", SPACE_2GMU, None, pruned, SLO_ITL, "SloCapacity", 7, 4)
+    assert a.ask([]) == b.ask([]) and a.ask([]) != Setting(16, 90)
+
+
+def test_search_keeps_engine_invariant_prunes_out_of_the_plan():
+    invariant = lambda s: "refused" if s.max_num_seqs == 16 else None  # noqa: E731
+    search = Search.start("Grid", SPACE_2GMU, invariant, [], SLO_ITL, "SloCapacity", 0, 64)
+    asked, history = [], []
+    while (s := search.ask(history)) is not None:
+        asked.append(s)
+        history.append((s, TrialOutcome(TrialState.DONE, Verdict.MET, 1.0)))
+    assert len(asked) == 4 and all(s.max_num_seqs != 16 for s in asked)

@@ -110,6 +110,10 @@ namespace discovery, nodes for GPU capacity) are added by rbac.yaml in cluster-w
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Application: Services are read so a trial pod keeps none of the labels they select production by.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "update", "patch"]

@@ -589,12 +589,25 @@ class Setting(_Status):
         return self.core().label()
 
 
+BEYOND_LAST_BUCKET_MS = 1e12
+"""How status holds a latency of +inf (a quantile beyond the histogram's last bucket): still a violation."""
+
+
 def _finite_metrics(value: Any) -> Any:
-    # JSON cannot carry NaN or inf, and unknown must read as absent, never as a number that passes.
+    # JSON cannot carry NaN or inf: unknown (NaN) reads as absent, never as a number that passes; an
+    # infinite latency stays a latency no SLO meets.
     if not isinstance(value, dict):
         return value
-    return {k: float(v) for k, v in value.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    out = {}
+    for k, v in value.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
+            continue
+        if math.isinf(v):
+            if v > 0 and str(k).endswith("Ms"):
+                out[k] = BEYOND_LAST_BUCKET_MS
+            continue
+        out[k] = float(v)
+    return out
 
 
 Metrics = Annotated[dict[str, float], BeforeValidator(_finite_metrics)]

@@ -77,7 +77,11 @@ class PrometheusReader:
         except PrometheusApiClientException as exc:
             self._failed()
             code = re.search(r"HTTP Status Code (\d+)", str(exc))
-            raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP {code.group(1) if code else 'error'}") from None
+            status = code.group(1) if code else "error"
+            if status == "400":
+                log.error("Prometheus rejected a query batchtune built (a bug): %s", promql_text)
+                raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP 400, it rejected a query") from None
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP {status}") from None
         except requests.RequestException as exc:
             self._failed()
             raise PrometheusUnavailable(f"{sanitize(self.url)}: {type(exc).__name__}") from None

@@ -134,6 +134,11 @@ class Tick:
             return None
         return Target(deployment, engine, container)
 
+    def engine_named(self, name: str | None) -> Engine:
+        """The engine status names (the first known one when status predates the field)."""
+        engines = self.ports.engines or ENGINES
+        return next((e for e in engines if e.name == name), engines[0])
+
     def production(self, target: Target) -> Production:
         """Production's pods (never our trial pods, even if a selector would match them)."""
         selector = (target.deployment.get("spec") or {}).get("selector") or {}

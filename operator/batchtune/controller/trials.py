@@ -95,9 +95,7 @@ def history(trials: list[TrialRecord], objective: Objective) -> tuple[list[Histo
 def search(tick: Tick) -> Search:
     """The strategy rebuilt from spec and status alone (pure), so a restarted operator asks the same."""
     assert tick.spec is not None and tick.status.plan is not None
-    from batchtune.engines import engine_named
-
-    engine = engine_named(tick.status.baseline.engine if tick.status.baseline and tick.status.baseline.engine else "vllm")
+    engine = tick.engine_named(tick.status.baseline.engine if tick.status.baseline else None)
     limits_record = tick.status.plan.engine_limits
     limits = EngineLimits(limits_record.max_model_len, limits_record.chunked_prefill is not False,
                           limits_record.max_num_batched_tokens) if limits_record else EngineLimits()

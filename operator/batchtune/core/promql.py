@@ -208,9 +208,11 @@ def gauge_max(metrics: tuple[str, ...], sel: Selector, window_s: int, scale: flo
 def queue_growth(names: MetricNames, sel: Selector, window_s: int) -> str:
     """Waiting requests over the window's last fifth less over its first fifth (evaluated at the end)."""
     fifth = max(1, window_s // 5)
-    metric = _or([f"sum(avg_over_time({check_metric_name(m)}{sel.render()}[{fifth}s]))"
-                  for m in names.candidates("num_requests_waiting")])
-    return f"({metric}) - ({metric} offset {window_s - fifth}s)"
+
+    def at(offset: str) -> str:
+        return _or([f"sum(avg_over_time({check_metric_name(m)}{sel.render()}[{fifth}s]{offset}))"
+                    for m in names.candidates("num_requests_waiting")])
+    return f"({at('')}) - ({at(f' offset {window_s - fifth}s')})"
 
 
 @dataclass(frozen=True)
@@ -293,8 +295,9 @@ def _in_system_growth(names: MetricNames, sel: Selector, window_s: int) -> str:
     """Requests running or waiting at the window's end less at its start."""
     parts = []
     for role in ("num_requests_running", "num_requests_waiting"):
-        metric = _or([f"sum({check_metric_name(m)}{sel.render()})" for m in names.candidates(role)])
-        parts.append(f"(({metric}) - ({metric} offset {window_s}s))")
+        def at(offset: str, role: str = role) -> str:
+            return _or([f"sum({check_metric_name(m)}{sel.render()}{offset})" for m in names.candidates(role)])
+        parts.append(f"(({at('')}) - ({at(f' offset {window_s}s')}))")
     return " + ".join(parts)
 
 

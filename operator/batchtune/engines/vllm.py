@@ -45,12 +45,11 @@ _FALLBACK_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size
 SAFE_EXTRA_FLAGS = frozenset({
     "enforce-eager", "no-enforce-eager", "enable-chunked-prefill", "no-enable-chunked-prefill",
     "enable-prefix-caching", "no-enable-prefix-caching", "async-scheduling", "no-async-scheduling",
-    "max-model-len", "block-size", "kv-cache-dtype", "swap-space", "scheduling-policy",
-    "max-num-partial-prefills", "max-long-partial-prefills", "long-prefill-token-threshold",
-    "cuda-graph-sizes", "max-seq-len-to-capture", "stream-interval", "seed", "max-logprobs",
-    "disable-log-requests", "enable-log-requests", "uvicorn-log-level", "disable-uvicorn-access-log",
-    "disable-cascade-attn", "dtype",
+    "max-model-len", "block-size", "kv-cache-dtype", "scheduling-policy", "long-prefill-token-threshold",
+    "stream-interval", "seed", "max-logprobs", "enable-log-requests", "uvicorn-log-level",
+    "disable-uvicorn-access-log", "disable-cascade-attn", "dtype",
 })
+"""Every one of them exists in vLLM 0.32 (tests/unit/test_engines_vllm.py checks against vllm_flags.json)."""
 
 _METRICS = MetricConventions(
     names={
@@ -129,7 +128,7 @@ class Vllm(Engine):
             table.update({flag: 1 for flag in (*self.knobs.all(), "model", "port", "host", "max-model-len",
                                                "tensor-parallel-size", "quantization", "dtype", "kv-cache-dtype")})
             return table
-        return {flag: _arity(spec) for flag, spec in data["flags"].items()}
+        return {flag: _arity(nargs) for flag, nargs in data["flags"].items()}
 
     @cached_property
     def aliases(self) -> dict[str, str]:
@@ -229,8 +228,7 @@ class Vllm(Engine):
         return model, dict(parsed.flags), list(extra)
 
 
-def _arity(spec: Mapping[str, Any]) -> Arity:
-    nargs = spec.get("nargs")
+def _arity(nargs: Any) -> Arity:
     if nargs == 0:
         return 0
     if nargs in ("+", "*"):

@@ -1,0 +1,148 @@
+"""Why a trial pod did not become ready: pod status and the engine's own failure texts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from batchtune.core.pods import TrialFailure, classify_pod, pod_is_ready
+from batchtune.core.vocabulary import Reason
+from batchtune.engines import VLLM
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def _ts(seconds_ago: float) -> str:
+    return (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod(container_status=None, conditions=None, created=10):
+    return {"metadata": {"creationTimestamp": _ts(created)},
+            "status": {"conditions": conditions or [], "containerStatuses": [container_status] if container_status else []}}
+
+
+def _crashed(message: str, exit_code: int = 1):
+    return _pod({"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                 "lastState": {"terminated": {"exitCode": exit_code, "message": message}}})
+
+
+def _unschedulable(message: str | None, since: float, created: float = 10):
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": _ts(since)}
+    if message is not None:
+        condition["message"] = message
+    return _pod(conditions=[condition], created=created)
+
+
+KV = ("Traceback...\nValueError: No available memory for the cache blocks. Try increasing "
+      "`gpu_memory_utilization` when initializing the engine.")
+GMU = ("ValueError: Free memory on device (70.1/79.1 GiB) on startup is less than desired GPU "
+       "memory utilization (0.95, 75.1 GiB).")
+
+
+@pytest.mark.parametrize("pod, expected", [
+    pytest.param(_pod({"name": "vllm", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}),
+                 Reason.IMAGE_PULL_BACK_OFF, id="image-pull"),
+    pytest.param(_pod({"name": "vllm", "state": {"waiting": {"reason": "ErrImagePull"}}}), Reason.IMAGE_PULL_BACK_OFF,
+                 id="err-image-pull"),
+    pytest.param(_pod({"name": "vllm", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}),
+                 Reason.OOM_KILLED, id="oom-killed"),
+    pytest.param(_pod({"name": "vllm", "state": {"terminated": {"exitCode": 137}}}), Reason.OOM_KILLED, id="exit-137"),
+    pytest.param(_crashed(KV), Reason.KV_CACHE_TOO_SMALL, id="kv-cache-message"),
+    pytest.param(_crashed("ValueError: To serve at least one request with the models's max seq len (32768), (4.0 GiB KV "
+                          "cache is needed, which is larger than the available KV cache memory (2.1 GiB)."),
+                 Reason.KV_CACHE_TOO_SMALL, id="kv-cache-max-seq-len"),
+    pytest.param(_crashed(GMU), Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH, id="free-memory-message"),
+    pytest.param(_crashed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."),
+                 Reason.OUT_OF_MEMORY, id="cuda-out-of-memory"),
+    pytest.param(_crashed("ValueError: max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)."),
+                 Reason.ENGINE_REFUSED_ARGS, id="engine-invariant"),
+    pytest.param(_crashed("vllm serve: error: unrecognized arguments: --bogus", exit_code=2),
+                 Reason.ENGINE_REFUSED_ARGS, id="unrecognized-arguments"),
+    pytest.param(_crashed("vllm serve: error: ambiguous option: --max-num could match --max-num-seqs, "
+                          "--max-num-batched-tokens", exit_code=2), Reason.ENGINE_REFUSED_ARGS, id="ambiguous-option"),
+    pytest.param(_pod({"name": "vllm", "state": {"terminated": {"exitCode": 1, "message": KV}}}),
+                 Reason.KV_CACHE_TOO_SMALL, id="terminated-not-yet-backing-off"),
+    pytest.param(_crashed("bad flag", exit_code=2), Reason.CRASH_LOOP_BACK_OFF, id="crash-loop-other"),
+    pytest.param(_pod({"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}),
+                 Reason.CRASH_LOOP_BACK_OFF, id="crash-loop-without-message"),
+    pytest.param(_unschedulable("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.", 120),
+                 Reason.UNSCHEDULABLE, id="unschedulable-after-grace"),
+    pytest.param(_unschedulable("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", 120),
+                 None, id="waiting-for-gpus-is-not-a-verdict"),
+    pytest.param(_unschedulable("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", 120, created=1000),
+                 Reason.READINESS_TIMEOUT, id="waiting-for-gpus-until-the-readiness-timeout"),
+    pytest.param(_unschedulable(None, 5), None, id="unschedulable-within-grace"),
+    pytest.param(_pod({"name": "vllm", "state": {"running": {}}}, created=1000), Reason.READINESS_TIMEOUT,
+                 id="readiness-timeout"),
+    pytest.param(_pod({"name": "vllm", "state": {"running": {}}}, created=10), None, id="still-starting"),
+    pytest.param(_pod({"name": "sidecar", "state": {"terminated": {"exitCode": 137}}}), None,
+                 id="other-container-ignored"),
+])
+def test_classify_pod(pod, expected):
+    failure = classify_pod(pod, "vllm", NOW, readiness_timeout_s=600, engine=VLLM)
+    assert (failure.reason if failure else None) == expected
+
+
+@pytest.mark.parametrize("message, line", [
+    pytest.param("Traceback (most recent call last):\n  File x\nValueError: No available memory for the cache blocks.",
+                 "ValueError: No available memory for the cache blocks.", id="last-line-says-it"),
+    pytest.param("Traceback (most recent call last):\n  File x\nValueError: No available memory for the cache blocks.\n\n"
+                 "The above exception was the direct cause of the following exception:\n  File y\n"
+                 "RuntimeError: Engine core initialization failed. See root cause above.\n",
+                 "ValueError: No available memory for the cache blocks.", id="root-cause-above-the-last-line"),
+    pytest.param("INFO starting\n" + GMU + "\nRuntimeError: Engine core initialization failed.", GMU,
+                 id="gmu-line"),
+])
+def test_classify_quotes_the_line_that_says_the_reason(message, line):
+    pod = _pod({"name": "vllm", "state": {"terminated": {"exitCode": 1, "message": message}}})
+    failure = classify_pod(pod, "vllm", NOW, 600, VLLM)
+    assert failure is not None and failure.message == line
+
+
+@pytest.mark.parametrize("pod, message", [
+    pytest.param(_crashed("Traceback\n  File x\nSystemExit: 3\n"), "SystemExit: 3", id="crash-quotes-the-last-line"),
+    pytest.param(_pod({"name": "vllm", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}),
+                 "the vLLM process was killed for using too much memory", id="oom-killed-without-message"),
+    pytest.param(_unschedulable("0/2 nodes: taint", 120), "0/2 nodes: taint", id="scheduler-message"),
+    pytest.param(_pod({"name": "vllm", "state": {"running": {}}}, created=1000),
+                 "not ready after 600s (spec.trial.readinessTimeoutSeconds)", id="timeout-names-the-field"),
+])
+def test_failure_messages(pod, message):
+    failure = classify_pod(pod, "vllm", NOW, 600, VLLM)
+    assert isinstance(failure, TrialFailure) and failure.message == message
+
+
+@pytest.mark.parametrize("created_at, expected", [
+    pytest.param(None, Reason.READINESS_TIMEOUT, id="pod-creation-time"),
+    pytest.param(_ts(10), None, id="trial-start-is-recent"),
+    pytest.param(_ts(601), Reason.READINESS_TIMEOUT, id="trial-start-is-old"),
+])
+def test_readiness_clock_may_start_at_the_trial(created_at, expected):
+    pod = _pod({"name": "vllm", "state": {"running": {}}}, created=1000)
+    failure = classify_pod(pod, "vllm", NOW, 600, VLLM, created_at=created_at)
+    assert (failure.reason if failure else None) == expected
+
+
+@pytest.mark.parametrize("text, reason", [
+    pytest.param("ValueError: No available memory for the cache blocks.", Reason.KV_CACHE_TOO_SMALL, id="kv"),
+    pytest.param("is less than desired GPU memory utilization", Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH, id="gmu"),
+    pytest.param("CUDA out of memory", Reason.OUT_OF_MEMORY, id="oom"),
+    pytest.param("error: argument --max-num-seqs: invalid int value: 'x'", Reason.ENGINE_REFUSED_ARGS, id="bad-arg"),
+    pytest.param("Input should be less than or equal to 1 [type=less_than_equal]", Reason.ENGINE_REFUSED_ARGS,
+                 id="pydantic-bound"),
+    pytest.param("everything is fine", None, id="nothing-known"),
+])
+def test_vllm_classify_failure(text, reason):
+    assert VLLM.classify_failure(text) == reason
+
+
+@pytest.mark.parametrize("pod, ready", [
+    pytest.param({"metadata": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, True, id="ready"),
+    pytest.param({"metadata": {"deletionTimestamp": _ts(1)}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+                 False, id="being-deleted"),
+    pytest.param({"metadata": {}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}, False, id="not-ready"),
+    pytest.param({"metadata": {}, "status": {}}, False, id="no-conditions"),
+])
+def test_pod_ready_requires_ready_condition_and_no_deletion(pod, ready):
+    assert pod_is_ready(pod) is ready

@@ -1,0 +1,285 @@
+"""The trial protocol: the SLO-capacity load search, closing a step over repeats, and the trial's conclusion."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchtune.core.objective import Objective
+from batchtune.core.protocol import (
+    Neighbour,
+    ProtocolConfig,
+    RunResult,
+    SearchBounds,
+    StepResult,
+    TrialDriver,
+    capacity_ceiling,
+    capacity_start,
+    close_step,
+    conclude,
+    neighbours_of,
+    next_load,
+    search_next,
+    worst_case,
+)
+from batchtune.core.settings import Setting
+from batchtune.core.slo import SloTargets
+from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
+
+SLO = SloTargets(percentile=95, itl_ms=40, max_error_rate_percent=1, headroom_percent=10)
+CAPACITY = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=False)
+THROUGHPUT = ProtocolConfig(Objective.OUTPUT_THROUGHPUT, SLO, open_loop=False)
+GOOD = {M.ITL_MS: 20.0, M.ERROR_RATE_PERCENT: 0.0, M.REQUEST_THROUGHPUT: 4.0, M.OUTPUT_THROUGHPUT: 400.0}
+
+
+def _step(load: int, margin: float, **metrics: float) -> StepResult:
+    verdict = Verdict.MET if margin >= 0 else Verdict.VIOLATED
+    return StepResult(load, {M.REQUEST_THROUGHPUT: float(load), **metrics}, verdict, "", margin)
+
+
+# ---- the load search --------------------------------------------------------------------------
+
+
+def _run_search(capacity_true: float, start: int, max_steps: int = 8) -> list[StepResult]:
+    """Drives the search against a synthetic trial whose margin falls linearly with load."""
+    steps: list[StepResult] = []
+    bounds = SearchBounds(start=start, highest=4096, max_steps=max_steps)
+    while (load := search_next(steps, bounds)) is not None:
+        steps.append(_step(load, (capacity_true - load) / capacity_true))
+    return steps
+
+
+def _capacity_load(steps: list[StepResult]) -> int | None:
+    found = conclude(steps, CAPACITY).metrics.get(M.SLO_CAPACITY_LOAD)
+    return None if found is None else int(found)
+
+
+@pytest.mark.parametrize("true_capacity, start", [
+    pytest.param(100, 16, id="bracket-up"), pytest.param(100, 512, id="bracket-down"),
+    pytest.param(37, 37, id="exact-start"), pytest.param(3000, 64, id="far-up"),
+])
+def test_load_search_brackets_then_interpolates(true_capacity, start):
+    steps = _run_search(true_capacity, start)
+    found = _capacity_load(steps)
+    assert found is not None
+    assert found <= true_capacity
+    assert found >= 0.85 * true_capacity or len(steps) == 8
+    assert len({s.load for s in steps}) == len(steps), "no load is run twice"
+
+
+def test_load_search_beats_linear_stepping():
+    steps = _run_search(200, 16)
+    assert len(steps) <= 6  # linear stepping by 16 would take 12 runs
+
+
+def test_load_search_nothing_passes():
+    steps = _run_search(0.5, 8)
+    assert _capacity_load(steps) is None
+    assert min(s.load for s in steps) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(true_capacity=st.integers(1, 2000), start=st.integers(1, 2000))
+def test_load_search_never_reports_a_failing_load(true_capacity, start):
+    steps = _run_search(true_capacity, start, max_steps=5)
+    found = _capacity_load(steps)
+    assert found is None or found <= true_capacity
+    assert len(steps) <= 5
+
+
+@pytest.mark.parametrize("steps, expected", [
+    pytest.param([], 16, id="start"),
+    pytest.param([_step(16, 0.05)], None, id="pass-within-resolution-stops"),
+    pytest.param([_step(16, 0.5)], 32, id="pass-extrapolates-to-zero-margin"),
+    pytest.param([_step(16, 0.9)], 64, id="growth-capped-at-4x"),
+    pytest.param([_step(4096, 0.5)], None, id="highest-reached"),
+    pytest.param([_step(16, -math.inf)], 4, id="unmeasured-steps-down-fastest"),
+    pytest.param([_step(1, -0.5)], None, id="lowest-fails"),
+    pytest.param([_step(16, 0.5), _step(32, -0.5)], 24, id="interpolates-between"),
+    pytest.param([_step(16, 0.5), _step(17, -0.5)], None, id="bracket-within-resolution"),
+    pytest.param([_step(16, 0.5), _step(8, -0.5)], 18, id="fail-below-a-pass-is-noise"),
+])
+def test_search_next(steps, expected):
+    assert search_next(steps, SearchBounds(start=16, highest=4096)) == expected
+
+
+def test_search_stops_at_max_steps():
+    assert search_next([_step(1, 0.9), _step(2, 0.9)], SearchBounds(start=1, max_steps=2)) is None
+
+
+# ---- where a trial's search starts and what it stops at ----------------------------------------
+
+
+@pytest.mark.parametrize("setting, neighbours, config, expected", [
+    pytest.param(Setting(32, 90), [], CAPACITY, 16, id="half-the-batch"),
+    pytest.param(Setting(1, 90), [], CAPACITY, 1, id="at-least-one"),
+    pytest.param(Setting(32, 90), [], ProtocolConfig(Objective.SLO_CAPACITY, SLO, False, first_load=5), 5, id="first-load"),
+    pytest.param(Setting(32, 90), [Neighbour(Setting(16, 90), 20)], CAPACITY, 40, id="neighbour-scaled-by-batch"),
+    pytest.param(Setting(128, 90), [Neighbour(Setting(16, 90), 20)], CAPACITY, 40, id="scale-capped-at-2x"),
+    pytest.param(Setting(4, 90), [Neighbour(Setting(64, 90), 40)], CAPACITY, 20, id="scale-floored-at-half"),
+    pytest.param(Setting(32, 90), [Neighbour(Setting(8, 90), 5), Neighbour(Setting(64, 90), 50)], CAPACITY, 25,
+                 id="nearest-neighbour"),
+    pytest.param(Setting(32, 90), [Neighbour(Setting(16, 90), 600)],
+                 ProtocolConfig(Objective.SLO_CAPACITY, SLO, True, first_load=60), 600, id="open-loop-not-scaled"),
+])
+def test_capacity_start(setting, neighbours, config, expected):
+    assert capacity_start(setting, neighbours, config) == expected
+
+
+def test_open_loop_search_needs_a_first_load():
+    with pytest.raises(ValueError, match="first_load"):
+        capacity_start(Setting(8, 90), [], ProtocolConfig(Objective.SLO_CAPACITY, SLO, True))
+
+
+@pytest.mark.parametrize("setting, config, ceiling", [
+    pytest.param(Setting(32, 90), CAPACITY, 64, id="closed-loop-twice-the-batch"),
+    pytest.param(Setting(1, 90), CAPACITY, 2, id="at-least-two"),
+    pytest.param(Setting(32, 90), ProtocolConfig(Objective.SLO_CAPACITY, SLO, True, first_load=60), 10_000_000, id="open-loop"),
+])
+def test_capacity_ceiling(setting, config, ceiling):
+    assert capacity_ceiling(setting, config) == ceiling
+
+
+@pytest.mark.parametrize("steps, config, expected", [
+    pytest.param([], THROUGHPUT, 32, id="fixed-objective-runs-at-the-batch"),
+    pytest.param([], ProtocolConfig(Objective.OUTPUT_THROUGHPUT, SLO, False, fixed_load=7), 7, id="fixed-load"),
+    pytest.param([_step(32, 0.5)], THROUGHPUT, None, id="fixed-objective-one-step"),
+    pytest.param([], CAPACITY, 16, id="capacity-starts-at-half"),
+    pytest.param([_step(60, 0.9)], CAPACITY, 64, id="capacity-search-capped-at-the-ceiling"),
+])
+def test_next_load(steps, config, expected):
+    assert next_load(steps, Setting(32, 90), [], config) == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    pytest.param({"repeats": 0}, "repeats", id="no-repeats"),
+    pytest.param({"max_steps": 0}, "max_steps", id="no-steps"),
+    pytest.param({"objective": Objective.OUTPUT_THROUGHPUT, "open_loop": True}, "fixed_load", id="open-loop-fixed-needs-load"),
+])
+def test_protocol_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ProtocolConfig(**({"objective": Objective.SLO_CAPACITY, "slo": SLO, "open_loop": False} | kwargs))
+
+
+# ---- closing a step -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runs, expected", [
+    pytest.param([{M.ITL_MS: 20.0}, {M.ITL_MS: 30.0}], {M.ITL_MS: 30.0}, id="highest-latency"),
+    pytest.param([{M.REQUEST_THROUGHPUT: 4.0}, {M.REQUEST_THROUGHPUT: 3.0}], {M.REQUEST_THROUGHPUT: 3.0}, id="lowest-throughput"),
+    pytest.param([{M.SAMPLES: 100.0}, {M.SAMPLES: 10.0}], {M.SAMPLES: 10.0}, id="fewest-samples"),
+    pytest.param([{M.GPU_UTIL_PERCENT: 50.0}, {M.GPU_UTIL_PERCENT: 70.0}], {M.GPU_UTIL_PERCENT: 60.0}, id="mean-of-the-rest"),
+    pytest.param([{M.ITL_MS: 20.0}, {M.ITL_MS: math.inf}], {M.ITL_MS: math.inf}, id="inf-latency-stays"),
+    pytest.param([{M.ITL_MS: 20.0}, {}], {M.ITL_MS: 20.0}, id="latency-missing-in-one-repeat"),
+    pytest.param([{M.ERROR_RATE_PERCENT: 0.0}, {}], {}, id="error-rate-missing-in-one-repeat-is-unknown"),
+    pytest.param([{M.ERROR_RATE_PERCENT: 0.0}, {M.ERROR_RATE_PERCENT: 2.0}], {M.ERROR_RATE_PERCENT: 2.0}, id="highest-error-rate"),
+    pytest.param([{M.REQUEST_THROUGHPUT: math.nan}, {M.REQUEST_THROUGHPUT: 3.0}], {M.REQUEST_THROUGHPUT: 3.0}, id="nan-ignored"),
+    pytest.param([{M.GPU_UTIL_PERCENT: math.inf}], {}, id="non-finite-mean-dropped"),
+])
+def test_worst_case(runs, expected):
+    assert worst_case(runs) == expected
+
+
+@pytest.mark.parametrize("runs, verdict, fragment", [
+    pytest.param([GOOD], Verdict.MET, "p95 ITL 20 ms <= 36 ms", id="one-good-run"),
+    pytest.param([GOOD, {**GOOD, M.ITL_MS: 38.0}], Verdict.VIOLATED, "38 ms > 36 ms", id="worst-repeat-decides"),
+    pytest.param([GOOD, {**GOOD, M.ITL_MS: math.inf}], Verdict.VIOLATED, "above the highest histogram bucket",
+                 id="inf-repeat-violates"),
+    pytest.param([GOOD, {k: v for k, v in GOOD.items() if k != M.ERROR_RATE_PERCENT}], Verdict.UNKNOWN,
+                 "error rate is not measured", id="repeat-without-error-rate"),
+    pytest.param([{k: v for k, v in GOOD.items() if k != M.ERROR_RATE_PERCENT}], Verdict.UNKNOWN,
+                 "error rate is not measured", id="no-summary-no-error-rate"),
+    pytest.param([{**GOOD, M.SAMPLES: 5.0}], Verdict.UNKNOWN, "only 5 requests", id="too-few-samples"),
+    pytest.param([{**GOOD, M.WAITING_GROWTH: 10.0, M.WAITING_REQUESTS: 4.0}], Verdict.VIOLATED, "queue grew", id="not-steady"),
+])
+def test_close_step(runs, verdict, fragment):
+    step = close_step(8, [RunResult(r) for r in runs], CAPACITY)
+    assert step.load == 8 and step.verdict is verdict and step.passed is (verdict is Verdict.MET)
+    assert fragment in step.verdict_reason
+
+
+def test_close_step_margin_and_cross_check():
+    step = close_step(8, [RunResult(GOOD), RunResult({**GOOD, M.ITL_MS: 27.0}, "itlMs: apart")], CAPACITY)
+    assert step.margin == pytest.approx((36 - 27) / 36, abs=1e-4)
+    assert step.cross_check == "itlMs: apart"
+    assert close_step(8, [RunResult({M.ERROR_RATE_PERCENT: 0.0})], CAPACITY).margin == -math.inf
+    with pytest.raises(ValueError, match="no run"):
+        close_step(8, [], CAPACITY)
+
+
+# ---- the trial's conclusion ----------------------------------------------------------------------
+
+
+def _closed(load: int, verdict: Verdict, margin: float = 0.0, **metrics: float) -> StepResult:
+    return StepResult(load, metrics, verdict, f"{verdict} at {load}", margin)
+
+
+def test_capacity_comes_from_the_highest_passing_load():
+    steps = [
+        _closed(8, Verdict.MET, 0.5, requestThroughput=4.0),
+        _closed(32, Verdict.VIOLATED, -0.2, requestThroughput=9.0),
+        _closed(16, Verdict.MET, 0.05, requestThroughput=7.0),
+    ]
+    conclusion = conclude(steps, CAPACITY)
+    assert conclusion.verdict is Verdict.MET and conclusion.reason is Reason.MEASURED
+    assert conclusion.metrics[M.SLO_CAPACITY] == 7.0 and conclusion.metrics[M.SLO_CAPACITY_LOAD] == 16
+    outcome = conclusion.outcome(Objective.SLO_CAPACITY)
+    assert outcome.state is TrialState.DONE and outcome.met and outcome.objective == 7.0
+
+
+@pytest.mark.parametrize("steps, verdict, reason", [
+    pytest.param([_closed(4, Verdict.VIOLATED, -0.5, requestThroughput=1.0)], Verdict.VIOLATED, Reason.NO_CAPACITY,
+                 id="no-passing-load-is-violated-not-unknown"),
+    pytest.param([_closed(4, Verdict.UNKNOWN), _closed(2, Verdict.UNKNOWN)], Verdict.UNKNOWN, Reason.NO_CAPACITY,
+                 id="all-unknown-stays-unknown"),
+    pytest.param([_closed(4, Verdict.UNKNOWN), _closed(2, Verdict.VIOLATED)], Verdict.VIOLATED, Reason.NO_CAPACITY,
+                 id="one-violation-is-enough"),
+    pytest.param([], Verdict.UNKNOWN, Reason.NOT_MEASURED, id="no-step"),
+])
+def test_conclusion_without_capacity(steps, verdict, reason):
+    conclusion = conclude(steps, CAPACITY)
+    assert (conclusion.verdict, conclusion.reason) == (verdict, reason)
+    assert M.SLO_CAPACITY not in conclusion.metrics
+
+
+def test_fixed_objective_concludes_on_its_one_step():
+    conclusion = conclude([_closed(32, Verdict.MET, 0.3, outputThroughput=500.0, powerWatts=250.0)], THROUGHPUT)
+    assert conclusion.verdict is Verdict.MET and conclusion.metrics[M.TOKENS_PER_JOULE] == 2.0
+    assert M.SLO_CAPACITY_LOAD not in conclusion.metrics
+    assert conclusion.outcome(Objective.OUTPUT_THROUGHPUT).objective == 500.0
+
+
+@pytest.mark.parametrize("config", [pytest.param(CAPACITY, id="SloCapacity"), pytest.param(THROUGHPUT, id="OutputThroughput")])
+def test_trial_metrics_carry_the_peak_kv_usage_and_preemptions_over_all_steps(config):
+    # The capacity step's own KV usage is low; the failing step above it is where the cache binds.
+    steps = [
+        _closed(8, Verdict.MET, 0.5, requestThroughput=4.0, kvCacheUsagePercent=40.0, kvCacheUsageMaxPercent=55.0,
+                preemptionsPerSecond=0.0),
+        _closed(16, Verdict.VIOLATED, -0.1, requestThroughput=7.0, kvCacheUsagePercent=88.0, kvCacheUsageMaxPercent=100.0,
+                preemptionsPerSecond=1.5),
+        _closed(12, Verdict.MET, 0.05, requestThroughput=6.0, kvCacheUsagePercent=60.0, preemptionsPerSecond=0.0),
+    ]
+    metrics = conclude(steps, config).metrics
+    assert metrics[M.KV_CACHE_USAGE_PEAK_PERCENT] == 100.0
+    assert metrics[M.PREEMPTIONS_PEAK_PER_SECOND] == 1.5
+    if config.searches_capacity:
+        assert metrics[M.KV_CACHE_USAGE_PERCENT] == 60.0 and metrics[M.SLO_CAPACITY_LOAD] == 12
+
+
+def test_neighbours_of_finished_trials_with_a_capacity():
+    trials = [(Setting(8, 90), {M.SLO_CAPACITY_LOAD: 6.0}), (Setting(16, 90), {}), (Setting(32, 90), {M.SLO_CAPACITY_LOAD: 0.0}),
+              (Setting(64, 90), {M.SLO_CAPACITY_LOAD: math.nan})]
+    assert neighbours_of(trials) == [Neighbour(Setting(8, 90), 6)]
+
+
+def test_trial_driver_runs_a_capacity_trial_to_its_end():
+    driver = TrialDriver(Setting(32, 90), CAPACITY)
+    while (load := driver.next_load()) is not None:
+        itl = 10.0 + load  # meets 36 ms up to load 26
+        driver.record(load, [RunResult({**GOOD, M.ITL_MS: itl, M.REQUEST_THROUGHPUT: load / 4})])
+    conclusion = driver.conclude()
+    assert conclusion.verdict is Verdict.MET and 20 <= conclusion.metrics[M.SLO_CAPACITY_LOAD] <= 26
+    assert len(driver.steps) <= CAPACITY.max_steps

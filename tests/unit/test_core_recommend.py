@@ -1,0 +1,80 @@
+"""The recommendation: production's new command line, ready patches, and the replica hint."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from batchtune.core.recommend import ContainerArgs, production_args, recommend, replicas_needed
+from batchtune.core.settings import Setting
+from batchtune.engines import VLLM
+
+
+@pytest.mark.parametrize("capacity, peak, replicas", [
+    pytest.param(10.0, 25.0, 3, id="ceil"),
+    pytest.param(10.0, 20.0, 2, id="exact"),
+    pytest.param(10.0, 0.5, 1, id="at-least-one"),
+    pytest.param(None, 25.0, None, id="capacity-missing"),
+    pytest.param(10.0, None, None, id="peak-missing"),
+    pytest.param(0.0, 25.0, None, id="capacity-zero"),
+    pytest.param(10.0, 0.0, None, id="peak-zero"),
+    pytest.param(-1.0, 25.0, None, id="capacity-negative"),
+    pytest.param(math.nan, 25.0, None, id="capacity-nan"),
+    pytest.param(10.0, math.inf, None, id="peak-inf"),
+])
+def test_replicas_needed(capacity, peak, replicas):
+    assert replicas_needed(capacity, peak) == replicas
+
+
+CONTAINER = {"name": "vllm", "image": "vllm/vllm-openai", "command": ["vllm", "serve"],
+             "args": ["m", "--max-num-seqs", "256", "--port", "8000"]}
+TARGET = {"metadata": {"name": "llm"},
+          "spec": {"template": {"spec": {"containers": [{"name": "proxy", "command": ["envoy"]}, CONTAINER]}}}}
+SETTING = Setting(64, 85, 4096)
+EXTRA = ["--enforce-eager", "--max-model-len", "4096"]
+EXPECTED_ARGS = ["m", "--max-num-seqs", "64", "--port", "8000", "--gpu-memory-utilization", "0.85",
+                 "--max-num-batched-tokens", "4096", "--enforce-eager", "--max-model-len", "4096"]
+
+
+def test_recommend_includes_the_extra_args_in_the_container_args():
+    rec = recommend(VLLM, TARGET, CONTAINER, SETTING, EXTRA)
+    assert rec.container == ContainerArgs(("vllm", "serve"), tuple(EXPECTED_ARGS))
+    assert rec.container_name == "vllm" and rec.setting == SETTING
+    assert production_args(VLLM, CONTAINER, SETTING, EXTRA) == rec.container
+    inv = VLLM.read({"name": "vllm", **rec.container.to_wire()})
+    assert "enforce-eager" in inv.flags and inv.flags["max-model-len"] == "4096" and inv.max_num_seqs == 64
+
+
+def test_recommend_patches():
+    rec = recommend(VLLM, TARGET, CONTAINER, SETTING, EXTRA)
+    assert json.loads(rec.json_patch) == [{"op": "replace", "path": "/spec/template/spec/containers/1/args",
+                                           "value": EXPECTED_ARGS}]
+    kustomize = yaml.safe_load(rec.kustomize_patch)
+    assert kustomize["metadata"] == {"name": "llm"}
+    assert kustomize["spec"]["template"]["spec"]["containers"] == [
+        {"name": "vllm", "command": ["vllm", "serve"], "args": EXPECTED_ARGS}]
+    helm = yaml.safe_load(rec.helm_values)
+    assert helm["vllm"] == {"maxNumSeqs": 64, "gpuMemoryUtilization": 0.85, "maxNumBatchedTokens": 4096}
+    assert helm["extraArgs"] == VLLM.setting_args(SETTING) + EXTRA
+    assert CONTAINER["args"][2] == "256"  # the target is untouched
+
+
+def test_recommend_adds_args_a_container_did_not_have():
+    container = {"name": "vllm", "command": ["vllm", "serve", "m"]}
+    target = {"metadata": {"name": "llm"}, "spec": {"template": {"spec": {"containers": [container]}}}}
+    ops = json.loads(recommend(VLLM, target, container, Setting(8, 90), []).json_patch)
+    assert ops == [{"op": "add", "path": "/spec/template/spec/containers/0/args",
+                    "value": ["--max-num-seqs", "8", "--gpu-memory-utilization", "0.90"]}]
+
+
+@pytest.mark.parametrize("container, flat", [
+    pytest.param({"command": ["a"], "args": ["b"]}, ["a", "b"], id="both"),
+    pytest.param({"args": ["b"]}, ["b"], id="args-only"),
+    pytest.param({}, [], id="neither"),
+])
+def test_container_args(container, flat):
+    args = ContainerArgs.of(container)
+    assert args.flat() == flat and args.to_wire() == container
