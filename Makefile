@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup venv binaries image demo test test-unit test-integration cluster-up cluster-down clean
+.PHONY: setup venv binaries image demo test test-unit test-integration lint cluster-up cluster-down clean
 
 venv: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ demo: setup
 # image's smoke test. The image is built first, before the cluster starts (a no-op when up to date).
 test: setup image
 	$(PY) -m pytest
+
+# ruff everywhere; mypy on the package (strict on the core and the engine seam). See pyproject.toml.
+lint: venv
+	$(VENV)/bin/ruff check operator tests hack/localcluster
+	$(VENV)/bin/mypy
 
 test-unit: venv
 	$(PY) -m pytest -m 'not integration'

@@ -114,8 +114,13 @@ def test_auto_tunes_applies_and_verifies_production(kube, namespace, operator, p
     expected[expected.index("--max-num-seqs") + 1] = str(chosen)
     assert after["args"] == expected
     dep = kube.apps.read_namespaced_deployment("llm", namespace)
-    assert dep.metadata.generation == generation_before + 1
-    assert json.loads(dep.metadata.annotations["batchtune.io/previous-args"]) == {"args": before["args"]}
+    # One rollout (the template changed once); the verified mark is an annotation-only update, which
+    # a Deployment also counts in its generation.
+    assert dep.metadata.annotations["deployment.kubernetes.io/revision"] == "2"
+    assert dep.metadata.generation == generation_before + 2
+    mark = json.loads(dep.metadata.annotations["batchtune.io/applied"])
+    assert mark["previous"] == {"args": before["args"]} and mark["applied"] == {"args": expected}
+    assert mark["state"] == "Verified" and mark["uid"] == bt["metadata"]["uid"] and mark["generation"] == 1
     assert status["applied"]["verifiedAt"]
     assert owned_objects(kube, namespace, "tune") == []
     report = kube.core.read_namespaced_config_map("tune-report", namespace)
@@ -275,7 +280,8 @@ def test_failed_verify_rolls_back_to_the_exact_previous_args(kube, namespace, op
     assert after["args"] == before["args"]
     assert "command" not in after
     annotations = kube.apps.read_namespaced_deployment("llm", namespace).metadata.annotations or {}
-    assert "batchtune.io/previous-args" not in annotations
+    mark = json.loads(annotations["batchtune.io/applied"])
+    assert mark["state"] == "RolledBack" and mark["previous"] == {"args": before["args"]}
 
 
 def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace, operator, prometheus_url,
@@ -310,7 +316,7 @@ def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace,
     def reason(name: str, type_: str) -> str:
         return condition(get_bt(kube, namespace, name), type_).get("reason", "")
     wait_for(lambda: reason("missing", "Progressing") == "TargetNotFound", timeout=60, what="TargetNotFound")
-    wait_for(lambda: reason("novllm", "Failed") == "NoVllmContainer", timeout=60, what="NoVllmContainer")
+    wait_for(lambda: reason("novllm", "Failed") == "NoEngineContainer", timeout=60, what="NoEngineContainer")
     wait_for(lambda: reason("shell", "Failed") == "UnsupportedArgs", timeout=60, what="UnsupportedArgs")
     wait_for(lambda: reason("noprom", "Degraded") == "PrometheusUnreachable", timeout=90, what="PrometheusUnreachable")
     wait_for(lambda: reason("empty", "Failed") == "EmptySearchSpace", timeout=60, what="EmptySearchSpace")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -75,7 +75,7 @@ METRICS = PrometheusMetrics()
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
     # Our finalizer and bookkeeping annotations live under our own domain, not kopf's defaults.
     settings.persistence.finalizer = "batchtune.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="batchtune.io")
@@ -98,19 +98,19 @@ def configure(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any)
 
 
 @kopf.index("apps", "v1", "deployments", labels=OURS)
-def owned_deployments(namespace: str, name: str, meta: kopf.Meta, **_: Any) -> Any:
+def owned_deployments(namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> Any:
     uid = owner_uid(meta)
     return {(namespace, uid): {"name": name}} if uid else None
 
 
 @kopf.index("batch", "v1", "jobs", labels=OURS)
-def owned_jobs(namespace: str, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
     uid = owner_uid(meta)
     return {(namespace, uid): {"name": name, "status": dict(status)}} if uid else None
 
 
 @kopf.index("v1", "pods", labels=OURS)
-def batchtune_pods(namespace: str, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
+def batchtune_pods(namespace: str | None, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
     digest = pod_digest(body)
     if labels.get(LABEL_COMPONENT) == COMPONENT_LOAD:
         job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
@@ -132,7 +132,7 @@ if CLUSTERWIDE:
 
 
 @kopf.index(API_GROUP, API_VERSION, PLURAL)
-def tuning_intents(namespace: str, name: str, uid: str, status: kopf.Status, **_: Any) -> Any:
+def tuning_intents(namespace: str | None, name: str, uid: str, status: kopf.Status, **_: Any) -> Any:
     # Trials a BatchTuning decided to start (Deploying): until their pods exist they hold no GPU yet.
     intents = [{"namespace": namespace, "tuning": label_value(name), "index": t.get("index"), "gpus": t.get("gpus", 0)}
                for t in status.get("trials") or [] if t.get("state") == TrialState.DEPLOYING and t.get("gpus")]
@@ -168,7 +168,7 @@ def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any)
         return  # nothing left to do or to clean up
     started = time.perf_counter()
     try:
-        changes = reconcile(tuning(body), the_ports, datetime.now(timezone.utc), logger)
+        changes = reconcile(tuning(body), the_ports, datetime.now(UTC), logger)
         for key, value in changes.items():
             patch.status[key] = value
     finally:
@@ -180,6 +180,6 @@ def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     from batchtune.controller.ports import Conflict
 
     try:
-        on_delete(tuning(body), ports(kwargs), datetime.now(timezone.utc), logger)
+        on_delete(tuning(body), ports(kwargs), datetime.now(UTC), logger)
     except Conflict as exc:
         raise kopf.TemporaryError(f"production changed while restoring it: {exc}", delay=2) from None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
@@ -38,9 +39,9 @@ _CLIENT: client.ApiClient | None = None
 def load_config() -> None:
     global _CLIENT
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
     _CLIENT = None  # built from the configuration just loaded
 
 
@@ -55,7 +56,12 @@ def api() -> client.ApiClient:
 
 
 def _sanitize(obj: Any) -> Any:
-    return api().sanitize_for_serialization(obj)
+    return api().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]  # untyped in the client
+
+
+def _body(obj: Mapping[str, Any]) -> Any:
+    """A plain dict as a request body: the client's signatures name its model classes, it takes dicts too."""
+    return dict(obj)
 
 
 def _time(value: Any) -> datetime | None:
@@ -198,11 +204,11 @@ class KubeCluster:
         kind, ns = obj["kind"], obj["metadata"]["namespace"]
         try:
             if kind == "Deployment":
-                client.AppsV1Api(api()).create_namespaced_deployment(ns, obj, field_manager=FIELD_MANAGER)
+                client.AppsV1Api(api()).create_namespaced_deployment(ns, _body(obj), field_manager=FIELD_MANAGER)
             elif kind == "Job":
-                client.BatchV1Api(api()).create_namespaced_job(ns, obj, field_manager=FIELD_MANAGER)
+                client.BatchV1Api(api()).create_namespaced_job(ns, _body(obj), field_manager=FIELD_MANAGER)
             elif kind == "ConfigMap":
-                client.CoreV1Api(api()).create_namespaced_config_map(ns, obj, field_manager=FIELD_MANAGER)
+                client.CoreV1Api(api()).create_namespaced_config_map(ns, _body(obj), field_manager=FIELD_MANAGER)
             else:
                 raise ValueError(f"unsupported kind {kind!r}")
         except ApiException as exc:
@@ -239,7 +245,7 @@ class KubeCluster:
     def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None:
         ref = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
                "metadata": {"name": name, "namespace": namespace, "uid": uid}}
-        kopf.event(ref, type=type_, reason=reason, message=message)
+        kopf.event(cast(kopf.Body, ref), type=type_, reason=reason, message=message)
 
 
 def selector_text(selector: Mapping[str, Any]) -> str | None:
@@ -262,11 +268,11 @@ def upsert_configmap(body: Mapping[str, Any]) -> None:
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     core = client.CoreV1Api(api())
     try:
-        core.replace_namespaced_config_map(name, ns, dict(body), field_manager=FIELD_MANAGER)
+        core.replace_namespaced_config_map(name, ns, _body(body), field_manager=FIELD_MANAGER)
     except ApiException as exc:
         if exc.status != 404:
             raise
-        core.create_namespaced_config_map(ns, dict(body), field_manager=FIELD_MANAGER)
+        core.create_namespaced_config_map(ns, _body(body), field_manager=FIELD_MANAGER)
 
 
 __all__ = ["COMPONENT_LOAD", "FIELD_MANAGER", "Indexes", "KubeCluster", "LABEL_COMPONENT", "LABEL_TRIAL",

@@ -6,9 +6,10 @@ The loop (`reconcile.py`) only sequences these and the core's decisions. `kube.p
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from batchtune.controller.prometheus import Production
 from batchtune.core.measurement import Window

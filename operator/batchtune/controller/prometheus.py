@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -112,7 +113,7 @@ class PrometheusReader:
         return values[0] if values else None
 
     def vector(self, promql_text: str, at: float | None = None) -> list[tuple[Mapping[str, str], float]]:
-        out = []
+        out: list[tuple[Mapping[str, str], float]] = []
         for sample in self._result(promql_text, at):
             value = _value(sample)
             if value is not None:

@@ -12,8 +12,8 @@ terminal phase), so a trial's objects outlive its outcome's status write, never 
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
+from typing import Any
 
 from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import apply as applying
@@ -21,7 +21,7 @@ from batchtune.controller import status as status_io
 from batchtune.controller.decide import select
 from batchtune.controller.plan import plan
 from batchtune.controller.ports import Conflict, Ports
-from batchtune.controller.tick import Tick, Tuning
+from batchtune.controller.tick import Log, Tick, Tuning
 from batchtune.controller.trials import trials
 from batchtune.core.production import Restore
 from batchtune.core.vocabulary import Phase, Reason
@@ -32,7 +32,7 @@ STEPS = {
 }
 
 
-def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: logging.Logger) -> dict:
+def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> dict[str, Any]:
     """One tick: the status patch that records the step taken (empty when nothing changed)."""
     tick = Tick(tuning, ports, now, log)
     before = status_io.wire(tick.status)
@@ -121,7 +121,7 @@ def collect_garbage(tick: Tick) -> None:
             tick.ports.cluster.delete("Deployment", tick.tuning.namespace, name)
 
 
-def on_delete(tuning: Tuning, ports: Ports, now: datetime, log: logging.Logger) -> None:
+def on_delete(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> None:
     """The BatchTuning is going: restore production if its change is unverified, delete what it owns.
 
     Raises `Conflict` while production changes under the restore, so the finalizer stays and kopf retries.

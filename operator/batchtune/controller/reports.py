@@ -12,7 +12,8 @@ import base64
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from batchtune import report
 from batchtune.core.manifests import LABEL_TUNING, label_value, owner_reference, report_name

@@ -7,8 +7,9 @@ which deletes it). This is the only place status is converted.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from batchtune.api import BatchTuningStatus, Condition, ConditionStatus, parse_status
 from batchtune.api.errors import InvalidBatchTuning
@@ -18,7 +19,7 @@ CONDITION_ORDER = tuple(ConditionType)
 
 
 def now_iso(now: datetime) -> str:
-    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def load(raw: Mapping[str, Any] | None) -> BatchTuningStatus:

@@ -8,9 +8,10 @@ tick and take the next step; `reconcile` dispatches.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.api import BatchTuningSpec, BatchTuningStatus
 from batchtune.controller import status as status_io
@@ -21,6 +22,8 @@ from batchtune.core.promql import LabelNames, MetricNames, QueryContext
 from batchtune.core.slo import SloTargets
 from batchtune.core.vocabulary import ConditionType, Phase, Reason
 from batchtune.engines import ENGINES, ArgsError, Engine, UnsafeShell, find_engine_container
+
+Log = logging.Logger | logging.LoggerAdapter[Any]
 
 # Back-off after Prometheus failures, per BatchTuning uid -> (failures, not before). In memory on
 # purpose: it only spaces out retries, so losing it on a restart costs one early retry.
@@ -66,7 +69,7 @@ class Tick:
     tuning: Tuning
     ports: Ports
     now: datetime
-    log: logging.Logger
+    log: Log
     status: BatchTuningStatus = field(init=False)
     spec: BatchTuningSpec | None = None
     _reader: Any = None

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord
 from batchtune.api.models import BatchTuningSpec

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # Markers written by the GitOps controllers themselves onto the objects they apply.
 _ARGO_MARKERS = ("argocd.argoproj.io/instance", "argocd.argoproj.io/tracking-id")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from batchtune.core.vocabulary import M
 
@@ -51,14 +51,14 @@ def curve_point(max_num_seqs: int, metrics: Mapping[str, object]) -> CurvePoint 
 def gain_per_doubling(a: CurvePoint, b: CurvePoint) -> float:
     """Relative throughput gain per doubling of max-num-seqs between two points, in percent."""
     doublings = math.log2(b.max_num_seqs / a.max_num_seqs)
-    return ((b.throughput / a.throughput) ** (1 / doublings) - 1) * 100
+    return float(((b.throughput / a.throughput) ** (1 / doublings) - 1) * 100)
 
 
 def find_knee(points: Sequence[CurvePoint], threshold_percent: float = KNEE_GAIN_PERCENT) -> Knee | None:
     """The first max-num-seqs past which the gain per doubling falls below the threshold while
     latency rises (latency unknown on either side: the gain alone decides)."""
     ordered = sorted({p.max_num_seqs: p for p in points}.values(), key=lambda p: p.max_num_seqs)
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in zip(ordered, ordered[1:], strict=False):
         gain = gain_per_doubling(a, b)
         if gain >= threshold_percent:
             continue

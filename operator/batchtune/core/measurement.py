@@ -11,9 +11,10 @@ them for the record. Where the two disagree by more than `CROSS_CHECK_TOLERANCE`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from batchtune.core.protocol import RunResult
 from batchtune.core.vocabulary import M
@@ -58,7 +59,7 @@ def measurement_window(summary: Mapping[str, Any] | None, job_started: datetime 
 
 def _epoch(value: Any) -> datetime | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+        return datetime.fromtimestamp(float(value), tz=UTC)
     return None
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Sequence
 
 from batchtune.core.settings import Setting
 from batchtune.core.vocabulary import FINISHED_TRIAL_STATES, MEMORY_REASONS, Reason, TrialState, Verdict

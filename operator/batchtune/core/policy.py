@@ -9,7 +9,7 @@ install's GPU-minute ceiling. Each check returns why a value is refused, naming 
 from __future__ import annotations
 
 import ipaddress
-from typing import Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 # Cloud metadata services answer on these names and addresses; no BatchTuning may point Prometheus there.

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.core.recommend import ContainerArgs
 
@@ -109,7 +110,7 @@ def args_patch(container: str, args: ContainerArgs, annotations: Mapping[str, st
 def rollout_complete(deployment: Mapping[str, Any]) -> bool:
     spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
     replicas = spec.get("replicas", 1)
-    return (status.get("observedGeneration", 0) >= (deployment.get("metadata") or {}).get("generation", 0)
+    return bool(status.get("observedGeneration", 0) >= (deployment.get("metadata") or {}).get("generation", 0)
             and status.get("updatedReplicas", 0) == replicas
             and status.get("availableReplicas", 0) >= replicas
             and status.get("replicas", 0) == replicas)

@@ -9,8 +9,9 @@ user overrode the name). Latency histograms are in seconds; the queries return m
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from batchtune.core.vocabulary import M
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TypeGuard
 
 from batchtune.core.objective import Objective, objective_value
 from batchtune.core.outcomes import TrialOutcome
@@ -344,7 +345,7 @@ def neighbours_of(trials: Sequence[tuple[Setting, Mapping[str, float]]]) -> list
     return out
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

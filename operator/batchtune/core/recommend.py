@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -71,7 +72,7 @@ def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str,
             op = "replace" if field_name in container else "add"
             ops.append({"op": op, "path": f"/spec/template/spec/containers/{index}/{field_name}",
                         "value": new.get(field_name)})
-    kustomize = {"apiVersion": "apps/v1", "kind": "Deployment",
+    kustomize: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment",
                  "metadata": {"name": (target.get("metadata") or {}).get("name")},
                  "spec": {"template": {"spec": {"containers": [
                      {"name": name, **{k: new[k] for k in ("command", "args") if k in new}}]}}}}

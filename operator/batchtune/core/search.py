@@ -8,8 +8,8 @@ outside `maxTrials`. Rebuilt from the same space, pruned list, seed and history,
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Collection, Sequence
 
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome

@@ -12,8 +12,8 @@ Rules, in order:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from batchtune.core.knee import KNEE_GAIN_PERCENT, CurvePoint, Knee, curve_point, find_knee
 from batchtune.core.objective import OBJECTIVE_UNITS, Objective, objective_value

@@ -10,8 +10,9 @@ says the queue grew through the window, the load was not steady and cannot pass.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.core.vocabulary import M, Verdict
 
@@ -85,7 +86,7 @@ class SloVerdict:
         return "; ".join(self.reasons)
 
 
-_LABELS = {METRIC_TTFT_MS: "TTFT", METRIC_ITL_MS: "ITL", METRIC_E2E_MS: "E2E latency"}
+_LABELS: dict[str, str] = {METRIC_TTFT_MS: "TTFT", METRIC_ITL_MS: "ITL", METRIC_E2E_MS: "E2E latency"}
 
 
 def _finite(value: Any) -> float | None:

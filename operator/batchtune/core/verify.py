@@ -13,10 +13,11 @@ a deadline, then follows the stated policy (keep or roll back). Unknown stays un
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.core.slo import SloTargets
 from batchtune.core.vocabulary import M, Reason, Verdict
@@ -124,7 +125,7 @@ def judge(slo: SloTargets, max_regression_percent: int, before: Mapping[str, Any
     if served is None:
         unknown.append("the share of offered requests production served after the change is not measured")
     else:
-        floor = 100 - max_regression_percent
+        floor = 100.0 - max_regression_percent
         if served_before is not None:
             floor = min(floor, served_before - max_regression_percent)
         if served < floor:

@@ -7,15 +7,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from batchtune.core.settings import percent_to_fraction
 from batchtune.engines.base import (
     Engine,
     FailureSignature,
     Invocation,
     KnobFlags,
     MetricConventions,
-    percent_to_fraction,
 )
 from batchtune.engines.commandline import ArgsError, UnsafeShell
 from batchtune.engines.vllm import VLLM

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from batchtune.core.planning import EngineLimits
 from batchtune.core.settings import Setting, percent_to_fraction

@@ -14,8 +14,9 @@ from __future__ import annotations
 import copy
 import os
 import shlex
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 Arity = Literal[0, 1, "?", "+"]
 

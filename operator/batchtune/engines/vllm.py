@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from functools import cached_property
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.core.planning import EngineLimits
 from batchtune.core.settings import Setting

@@ -22,7 +22,7 @@ from enum import Enum
 
 from batchtune.core.knee import curve_point, find_knee
 from batchtune.core.objective import objective_value
-from batchtune.core.outcomes import MEMORY_REASONS, HistoryEntry, TrialOutcome, TrialState, Verdict
+from batchtune.core.outcomes import MEMORY_REASONS, History, HistoryEntry, TrialOutcome, TrialState, Verdict
 from batchtune.core.planning import PrunedSetting
 from batchtune.core.settings import Setting
 from batchtune.core.slo import METRIC_TTFT_MS, SloTargets
@@ -175,9 +175,10 @@ class _ColumnState:
         evidence: list[str] = []
         unknown = True
         for i in (self.lo, self.hi):
-            outcome = self.outcomes.get(i)
-            if outcome is None:
+            found = self.outcomes.get(i)
+            if found is None:
                 continue
+            outcome = found
             preemptions = _peak(outcome, PREEMPTION_METRICS)
             usage = _peak(outcome, KV_USAGE_METRICS)
             if preemptions is not None and preemptions > 0:
@@ -339,7 +340,7 @@ class Adaptive(Strategy):
                 return best.settings[probe]
         return None
 
-    def skipped(self, history: list[HistoryEntry] | None = None) -> list[PrunedSetting]:
+    def skipped(self, history: History | None = None) -> list[PrunedSetting]:
         entries = list(self._told if history is None else history)
         states = self._columns(entries, frozenset())
         gates = self._gate(states)

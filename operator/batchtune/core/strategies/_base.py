@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Collection
+from collections.abc import Collection
 
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import History, HistoryEntry, TrialOutcome
