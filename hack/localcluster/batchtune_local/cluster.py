@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -60,10 +61,8 @@ def spawn(name: str, argv: list[str], log: Path, ports: tuple[int, ...] = (),
 
 def _reap(pid: int) -> None:
     """Collect the exit status if the process is our child; harmless when it is not."""
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def session_members(sid: int) -> list[int]:
@@ -107,10 +106,8 @@ def stop(proc: Managed, grace_s: float = 10.0) -> str:
     # The session was created for this process, so anything still in it was started by it.
     leftovers = session_members(proc.pid)
     for pid in leftovers:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     if leftovers:
         outcome += f", killed {len(leftovers)} leftover process(es) of its session"
     return outcome

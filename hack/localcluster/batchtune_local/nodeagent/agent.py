@@ -66,11 +66,11 @@ class AgentConfig:
 
 
 def now_micro() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def now_seconds() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def node_manifest(config: AgentConfig, name: str, kubelet_version: str, kubelet_port: int = 0) -> dict[str, Any]:

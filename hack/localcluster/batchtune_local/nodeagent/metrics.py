@@ -84,7 +84,7 @@ def render(samples: Iterable[GpuSample]) -> str:
     for name, help_text, _ in FIELDS:
         out.append(f"# HELP {name} {help_text}")
         out.append(f"# TYPE {name} gauge")
-        for sample, vals in zip(rows, values):
+        for sample, vals in zip(rows, values, strict=True):
             labels = [
                 ("gpu", str(sample.index)),
                 ("UUID", gpu_uuid(sample.node, sample.index)),

@@ -146,7 +146,7 @@ def _terminated_from_status(state: Mapping[str, Any] | None) -> Terminated | Non
         text = t.get(key)
         if not text:
             return time.time()
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
 
     return Terminated(
         exit_code=int(t.get("exitCode", 0)), reason=str(t.get("reason") or ""), started_at=ts("startedAt"),

@@ -9,11 +9,11 @@ import ssl
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class ProbeKind(str, Enum):
+class ProbeKind(StrEnum):
     STARTUP = "startup"
     READINESS = "readiness"
     LIVENESS = "liveness"
@@ -32,7 +32,7 @@ class ProbeSpec:
     failure_threshold: int = 3
 
     @classmethod
-    def from_spec(cls, probe: Mapping[str, Any], time_scale: float = 1.0) -> "ProbeSpec":
+    def from_spec(cls, probe: Mapping[str, Any], time_scale: float = 1.0) -> ProbeSpec:
         # Delays and periods are simulated waits (like model loading); the timeout is real I/O.
         return cls(
             handler=probe,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,7 +38,7 @@ class ContainerProcess:
     @classmethod
     def start(
         cls, argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str], log_path: str | os.PathLike[str]
-    ) -> "ContainerProcess":
+    ) -> ContainerProcess:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
@@ -47,7 +48,7 @@ class ContainerProcess:
         return cls(popen.pid, start_ticks(popen.pid) or 0, popen)
 
     @classmethod
-    def adopt(cls, pid: int, ticks: int) -> "ContainerProcess | None":
+    def adopt(cls, pid: int, ticks: int) -> ContainerProcess | None:
         """The process recorded by an earlier agent, if that very process (same start time) still runs."""
         if pid <= 1 or start_ticks(pid) != ticks:
             return None
@@ -70,10 +71,8 @@ class ContainerProcess:
     def signal(self, sig: int, mark: bool = True) -> None:
         if mark and sig in (signal.SIGTERM, signal.SIGKILL):
             self.killed_by_agent = True
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def wait(self, timeout: float) -> int | None:
         """Wait up to `timeout` seconds for the exit; the return code or None."""

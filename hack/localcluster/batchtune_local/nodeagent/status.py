@@ -13,7 +13,7 @@ FALLBACK_LOG_BYTES = 2048  # ... and at most 2 KiB of them
 
 
 def rfc3339(ts: float) -> str:
-    return dt.datetime.fromtimestamp(int(ts), tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(int(ts), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
