@@ -14,6 +14,7 @@ File format::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -55,10 +56,8 @@ def write_activity(path: str | os.PathLike[str], gpus: list[dict[str, Any]], *, 
             json.dump(payload, fh, separators=(",", ":"))
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 CSV_COLUMNS = [
     "name", "maxNumSeqs", "gpuMemoryUtilizationPercent", "maxNumBatchedTokens", "state", "verdict",
@@ -81,7 +82,7 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
     axes[2].set_ylabel(f"{percentile.lower()} latency (ms)")
     axes[2].set_title(f"{percentile} latency")
     axes[2].set_yscale("log")
-    for key, name, slo_field in _LATENCIES:
+    for _key, name, slo_field in _LATENCIES:
         target = slo.get(slo_field)
         if target:
             axes[2].axhline(target, linestyle="--", linewidth=1, color="grey")

@@ -110,7 +110,7 @@ class Scenario:
         """Cheaper to simulate: 20 s windows (enough turnovers for short outputs) and the oracle on the
         tuners' grid plus the midpoints of max-num-seqs."""
         seqs = sorted(set(self.tuner_space.max_num_seqs) | {
-            int(round((a * b) ** 0.5)) for a, b in zip(self.tuner_space.max_num_seqs, self.tuner_space.max_num_seqs[1:])
+            int(round((a * b) ** 0.5)) for a, b in zip(self.tuner_space.max_num_seqs, self.tuner_space.max_num_seqs[1:], strict=False)
         })
         oracle = SearchSpace(tuple(seqs), self.tuner_space.gpu_memory_utilization_pct,
                              self.tuner_space.max_num_batched_tokens)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from batchtune.cli.status import add_common_arguments
 

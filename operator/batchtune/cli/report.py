@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from batchtune.cli.status import add_common_arguments
 
@@ -29,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from batchtune.cli import status as st
     from batchtune.client import CliError, connect
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot write the report into {out_dir}: {exc}", file=sys.stderr)
         return 1
     console = st.console()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     console.print(st.header(bt, now))
     console.print()
     console.print(st.trials_table(bt))

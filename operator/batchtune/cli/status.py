@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 TERMINAL_PHASES = ("Succeeded", "Recommended", "RolledBack", "Failed")
 SUCCESSFUL_PHASES = ("Succeeded", "Recommended")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         namespace = kube.namespace(args.namespace)
         bt = kube.get_batchtuning(namespace, args.name)
         if not args.watch:
-            console().print(render_status(bt, datetime.now(timezone.utc)))
+            console().print(render_status(bt, datetime.now(UTC)))
             return 0
         return watch(lambda: kube.get_batchtuning(namespace, args.name), bt, args.interval)
     except CliError as exc:
@@ -66,15 +67,15 @@ def watch(fetch: Any, bt: Mapping[str, Any], interval: float) -> int:
     from batchtune.client import ApiUnreachable
 
     out = console()
-    with Live(render_status(bt, datetime.now(timezone.utc)), console=out, refresh_per_second=4,
+    with Live(render_status(bt, datetime.now(UTC)), console=out, refresh_per_second=4,
               transient=False, auto_refresh=True) as live:
         while phase_of(bt) not in TERMINAL_PHASES:
             time.sleep(interval)
             try:
                 bt = fetch()
-                live.update(render_status(bt, datetime.now(timezone.utc)))
+                live.update(render_status(bt, datetime.now(UTC)))
             except ApiUnreachable as exc:
-                live.update(Group(render_status(bt, datetime.now(timezone.utc)),
+                live.update(Group(render_status(bt, datetime.now(UTC)),
                                   Text(f"(stale: {exc}; retrying)", style="yellow")))
     return 0 if phase_of(bt) in SUCCESSFUL_PHASES else 1
 

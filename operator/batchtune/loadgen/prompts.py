@@ -11,16 +11,18 @@ from __future__ import annotations
 import random
 
 # Common short words; a seeded random draw keeps prompts distinct (no accidental prefix-cache hits).
-FILLER_WORDS = (
-    "the of and to in is was for on that with as by at from his her are were this which be or an "
-    "had not but have it they one all their been has more when who will no if out so said what up "
-    "its about into than them can only other new some could time these two may then do first any "
-    "my now such like our over man me even most made after also did many before must through back "
-    "years where much your way well down should because each just those people how too little state "
-    "good very make world still own see men work long get here between both life being under never "
-    "day same another know while last might us great old year off come since against go came right "
-    "used take three"
-).split()
+FILLER_WORDS = [
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her",
+    "are", "were", "this", "which", "be", "or", "an", "had", "not", "but", "have", "it", "they", "one", "all", "their",
+    "been", "has", "more", "when", "who", "will", "no", "if", "out", "so", "said", "what", "up", "its", "about",
+    "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then",
+    "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after",
+    "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well",
+    "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very",
+    "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being",
+    "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off",
+    "come", "since", "against", "go", "came", "right", "used", "take", "three",
+]
 
 
 def tokens_for_words(num_words: int) -> int:

@@ -21,8 +21,9 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -215,7 +216,7 @@ async def _send(
         record.success = chunks > 0 or record.output_tokens > 0
         if not record.success:
             record.error = "no tokens in the response"
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         tally.in_flight -= 1
@@ -237,7 +238,7 @@ async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: 
                     last_error = "GET /v1/models returned no models"
                 else:
                     last_error = f"GET /v1/models returned HTTP {resp.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             last_error = f"{type(exc).__name__}: {exc}"
         if time.monotonic() >= deadline:
             raise ConnectionError(f"server at {base_url} not ready after {timeout_s:.0f}s: {last_error}")
@@ -326,7 +327,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         stopped_early = False
         try:
             await asyncio.wait_for(asyncio.shield(driver), timeout=max(0.0, hard_stop - loop.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stopped_early = True
         finally:
             driver.cancel()
@@ -387,7 +388,7 @@ def format_report(result: dict[str, Any]) -> str:
 
     def row(label: str, key: str, fmt: str = "{:<10.2f}") -> None:
         if key in result and result[key] is not None:
-            lines.append("{:<40} ".format(label) + fmt.format(result[key]))
+            lines.append(f"{label:<40} " + fmt.format(result[key]))
 
     row("Successful requests:", "completed", "{:<10}")
     row("Failed requests:", "failed", "{:<10}")

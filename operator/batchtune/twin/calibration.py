@@ -54,7 +54,7 @@ def reference_points() -> list[ReferencePoint]:
     r4090 = _cfg("mistralai/Mistral-7B-Instruct-v0.3", "NVIDIA-GeForce-RTX-4090")
     r6 = [(4, 2.09, 210, 63, 53), (8, 3.78, 377, 79, 55), (16, 6.44, 644, 155, 97), (32, 9.73, 975, 362, 277),
           (48, 11.87, 1190, 667, 840)]
-    for conc, rps, toks, mean_ttft, median_ttft in r6:
+    for conc, rps, toks, mean_ttft, _median_ttft in r6:
         points.append(ReferencePoint(
             "R6", f"RTX-4090 Mistral-7B c={conc}", r4090, Workload(256, 100, concurrency=conc, num_prompts=300, output_dist="uniform", range_ratio=0.28),
             {"request_throughput": rps, "output_throughput": toks, "mean_ttft_ms": mean_ttft},

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from batchtune.twin.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 
@@ -110,12 +110,12 @@ class ServeConfig:
         m = self.model
         return 2 * m.num_layers * self.kv_heads_per_gpu * m.head_dim * self.kv_bytes_per_element
 
-    def replace(self, **changes: object) -> "ServeConfig":
+    def replace(self, **changes: object) -> ServeConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     @classmethod
     def from_vllm_argv(cls, argv: list[str], gpu: str | GpuSpec,
-                       on_unknown: Callable[[str], None] | None = None) -> "ServeConfig":
+                       on_unknown: Callable[[str], None] | None = None) -> ServeConfig:
         """Build the config a `vllm serve MODEL [flags]` (or api_server --model MODEL) argv would run."""
         return parse_vllm_argv(argv, on_unknown=on_unknown).to_config(gpu)
 

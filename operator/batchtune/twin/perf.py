@@ -60,7 +60,7 @@ class StepCostModel:
     tdp_w: float
 
     @classmethod
-    def for_config(cls, cfg: ServeConfig, weight_bytes: float, max_graph_tokens: int) -> "StepCostModel":
+    def for_config(cls, cfg: ServeConfig, weight_bytes: float, max_graph_tokens: int) -> StepCostModel:
         m, gpu, tp = cfg.model, cfg.gpu, cfg.tensor_parallel_size
         peak_flops = gpu.peak_tflops(cfg.fp8_compute) * 1e12
         embed_rows = m.vocab_size * m.hidden_size * (0 if m.tied_embeddings else 1) / tp

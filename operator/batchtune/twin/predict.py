@@ -143,7 +143,7 @@ def _summary(name: str, values: Any, out: dict[str, Any]) -> None:
     out[f"mean_{name}_ms"] = float(ms.mean())
     out[f"median_{name}_ms"] = float(np.median(ms))
     out[f"std_{name}_ms"] = float(ms.std())
-    for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES)):
+    for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES), strict=True):
         out[f"p{p}_{name}_ms"] = float(v)
 
 
@@ -282,7 +282,7 @@ class _Simulation:
                 if t_end > window_end:
                     break
                 self._record(step, cost)
-            for r in step.finished:
+            for _ in step.finished:
                 self.completed_total += 1
                 if closed and self._can_send():
                     self._send(t_end)

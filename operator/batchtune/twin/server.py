@@ -16,6 +16,7 @@ vLLM refuses or stalls connections at that point, both fail a readiness probe th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -25,8 +26,9 @@ import time
 import uuid
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -246,10 +248,8 @@ class TwinServer:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            except (asyncio.CancelledError, Exception):
-                pass
         if self._runner is not None:
             await self._runner.cleanup()
         self.stopped.set()
@@ -537,14 +537,14 @@ class TwinServer:
             if not stream.done:
                 self.abort(stream)
 
-    async def _whole_response(self, stream: _Stream, fmt: "_ChunkFormat", reason: str) -> web.Response:
+    async def _whole_response(self, stream: _Stream, fmt: _ChunkFormat, reason: str) -> web.Response:
         while not await stream.queue.get():
             pass
         text = "".join(fmt.token_text(i) for i in range(stream.generated))
         return web.json_response(fmt.whole(text, reason, stream.prompt_tokens, stream.generated))
 
     async def _stream_response(
-        self, request: web.Request, stream: _Stream, fmt: "_ChunkFormat", include_usage: bool, reason: str
+        self, request: web.Request, stream: _Stream, fmt: _ChunkFormat, include_usage: bool, reason: str
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
@@ -556,7 +556,7 @@ class TwinServer:
         return resp
 
     async def _write_stream(
-        self, resp: web.StreamResponse, stream: _Stream, fmt: "_ChunkFormat", include_usage: bool, reason: str
+        self, resp: web.StreamResponse, stream: _Stream, fmt: _ChunkFormat, include_usage: bool, reason: str
     ) -> None:
         if chat_first := fmt.role_chunk():
             await resp.write(chat_first)
