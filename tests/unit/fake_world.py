@@ -11,9 +11,10 @@ import copy
 import json
 import logging
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from batchtune.controller.ports import Conflict, Install, JobRun, NotAllowed, Owned, Ports
 from batchtune.controller.prometheus import Production, PrometheusUnavailable
@@ -24,7 +25,7 @@ from batchtune.core.measurement import Window
 from batchtune.core.vocabulary import M
 from batchtune.engines import ENGINES
 
-T0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 NS = "inference"
 
 # (maxNumSeqs, gpuMemoryUtilizationPercent, concurrency) -> p95 figures the engine would give.

@@ -6,10 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import api_crd
 import pytest
 import yaml
 
-import api_crd
 from batchtune.api import API_GROUP, API_VERSION, KIND, PLURAL, BatchTuningSpec, BatchTuningStatus, parse_spec
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
@@ -147,12 +147,26 @@ def test_printer_columns_point_at_fields_that_exist() -> None:
 
 
 def test_status_written_by_the_models_passes_the_crd() -> None:
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
-    from batchtune.api import (AppliedRecord, Condition, ContainerArgs, Knee, LoadStepRecord, Phase, PrunedSetting,
-                               Reason, Recommendation, RunRecord, Setting, TrialRecord, TrialState, Verdict)
+    from batchtune.api import (
+        AppliedRecord,
+        Condition,
+        ContainerArgs,
+        Knee,
+        LoadStepRecord,
+        Phase,
+        PrunedSetting,
+        Reason,
+        Recommendation,
+        RunRecord,
+        Setting,
+        TrialRecord,
+        TrialState,
+        Verdict,
+    )
 
-    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     setting = Setting(max_num_seqs=64, gpu_memory_utilization_percent=90, max_num_batched_tokens=8192)
     status = BatchTuningStatus(
         observed_generation=2, phase=Phase.VERIFYING, trials_planned=3, trials_completed=1,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import api_crd
 import pytest
 import yaml
 
-import api_crd
 from batchtune.api import InvalidBatchTuning, load_file
 
 REPO = Path(__file__).resolve().parents[2]

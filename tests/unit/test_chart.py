@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ def _helm() -> str:
     return helm
 
 
-@lru_cache(maxsize=None)
+@cache
 def _template(*sets: str) -> tuple[str, tuple[dict[str, Any], ...]]:
     argv = [_helm(), "template", "bt", str(CHART), "--namespace", NAMESPACE,
             "--kube-version", KUBE_VERSION.lstrip("v")]

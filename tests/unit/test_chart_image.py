@@ -24,7 +24,7 @@ def config_flags() -> dict[str, list[str]]:
     assert block, "no `bah config` call in hack/image/build"
     words = shlex.split(block.group(1).replace("\\\n", " "))
     flags: dict[str, list[str]] = {}
-    for flag, value in zip(words[::2], words[1::2]):
+    for flag, value in zip(words[::2], words[1::2], strict=True):
         flags.setdefault(flag, []).append(value)
     return flags
 
@@ -42,7 +42,7 @@ def test_runs_as_the_non_root_user_the_chart_expects():
     assert values["podSecurityContext"]["runAsUser"] == int(uid)
     assert values["podSecurityContext"]["runAsGroup"] == int(uid)
     assert values["securityContext"]["readOnlyRootFilesystem"] is True
-    assert f"batchtune:x:$UID_GID:$UID_GID:" in BUILD.read_text()
+    assert "batchtune:x:$UID_GID:$UID_GID:" in BUILD.read_text()
 
 
 def test_runtime_writes_go_to_tmp():

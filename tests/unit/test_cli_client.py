@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import cli_fakes
 import pytest
 
-import cli_fakes
 from batchtune import client
 
 

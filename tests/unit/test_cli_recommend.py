@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+import cli_fakes
 import pytest
 
-import cli_fakes
 from batchtune.cli import main
 from batchtune.cli.recommend import NoRecommendation, recommendation_text
 

@@ -6,9 +6,9 @@ import csv
 import io
 import json
 
+import cli_fakes
 import pytest
 
-import cli_fakes
 from batchtune.cli import main
 from batchtune.cli import report as rp
 

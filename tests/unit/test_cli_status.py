@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import io
+from datetime import UTC, datetime
 
+import cli_fakes
 import pytest
 from rich.console import Console
 
-import cli_fakes
 from batchtune.cli import main
 from batchtune.cli import status as st
 from batchtune.client import ApiUnreachable
 
-NOW = datetime(2025, 1, 1, 11, 0, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
 
 
 def text_of(renderable, width: int = 220) -> str:
@@ -143,7 +144,7 @@ def test_batched_tokens_and_capacity_columns_appear_only_when_used():
     pytest.param(cli_fakes.failed, 1, id="failed"),
 ])
 def test_watch_refreshes_until_terminal_and_rides_out_an_outage(final, code, monkeypatch):
-    monkeypatch.setattr(st, "console", lambda: Console(file=open("/dev/null", "w"), width=200))
+    monkeypatch.setattr(st, "console", lambda: Console(file=io.StringIO(), width=200))
     sequence = [cli_fakes.trialing(), ApiUnreachable("connection refused"), final()]
     calls = []
 
@@ -159,7 +160,7 @@ def test_watch_refreshes_until_terminal_and_rides_out_an_outage(final, code, mon
 
 
 def test_watch_on_a_terminal_tuning_returns_at_once(monkeypatch):
-    monkeypatch.setattr(st, "console", lambda: Console(file=open("/dev/null", "w"), width=200))
+    monkeypatch.setattr(st, "console", lambda: Console(file=io.StringIO(), width=200))
 
     def fetch():
         raise AssertionError("fetched a finished tuning")

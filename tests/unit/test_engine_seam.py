@@ -8,7 +8,8 @@ run it: the reconcile loop tunes a ToyServe Deployment end to end against the in
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 

@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchtune.loadgen import LoadSpec, RequestRecord, TargetRefused, Window, check_target, compact_summary, compute_result
+from batchtune.loadgen import (
+    LoadSpec,
+    RequestRecord,
+    TargetRefused,
+    Window,
+    check_target,
+    compact_summary,
+    compute_result,
+)
 from batchtune.loadgen.prompts import count_text_tokens, make_prompt, tokens_for_words, words_for_tokens
 from batchtune.loadgen.stats import percentile_key
 

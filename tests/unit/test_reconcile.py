@@ -11,12 +11,12 @@ import json
 from datetime import timedelta
 
 import pytest
+from fake_world import NS, World, knee_model, production_target, reset_backoff, spec
 
 from batchtune.controller.ports import Install
 from batchtune.core.production import AppliedMark, MarkState
 from batchtune.core.settings import Setting
 from batchtune.engines import VLLM
-from fake_world import NS, World, knee_model, production_target, reset_backoff, spec
 
 TERMINAL = {"Succeeded", "Failed", "RolledBack", "Recommended"}
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from batchtune.twin.catalog import UnknownGpu, UnknownModel, get_gpu, get_model, gpu_from_product_label, \
-    load_custom_catalog
+from batchtune.twin.catalog import (
+    UnknownGpu,
+    UnknownModel,
+    get_gpu,
+    get_model,
+    gpu_from_product_label,
+    load_custom_catalog,
+)
 from batchtune.twin.config import ServeConfig, parse_vllm_argv
 from batchtune.twin.memory import StartupFailure, plan_memory
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.engine import Engine, RequestTooLong

@@ -19,7 +19,7 @@ def sweep() -> dict:
 
 def test_throughput_rises_then_flattens(sweep: dict) -> None:
     tput = [sweep[c]["output_throughput"] for c in CONCURRENCIES]
-    for lo, hi in zip(tput, tput[1:]):
+    for lo, hi in zip(tput, tput[1:], strict=False):
         assert hi >= lo * 0.97, tput  # monotone up to simulation noise
     assert tput[3] / tput[0] > 6  # near-linear at small batch
     assert tput[-1] / tput[-2] < 1.1  # flat once concurrency exceeds max_num_seqs
@@ -27,7 +27,7 @@ def test_throughput_rises_then_flattens(sweep: dict) -> None:
 
 def test_itl_rises_with_concurrency(sweep: dict) -> None:
     itl = [sweep[c]["median_itl_ms"] for c in CONCURRENCIES]
-    assert itl[-2] > 1.5 * itl[0] and all(b >= a * 0.98 for a, b in zip(itl, itl[1:]))
+    assert itl[-2] > 1.5 * itl[0] and all(b >= a * 0.98 for a, b in zip(itl, itl[1:], strict=False))
     assert sweep[128]["mean_itl_ms"] > 2 * sweep[1]["mean_itl_ms"]  # prefill-carrying steps stretch the mean
 
 
