@@ -27,8 +27,9 @@ class ReferencePoint:
     duration_s: float = 60.0
 
 
-def _cfg(model: str, gpu: str, **kw: object) -> ServeConfig:
-    return ServeConfig(model=model, gpu=gpu, **kw)  # type: ignore[arg-type]
+def _cfg(model: str, gpu: str, gpu_memory_utilization: float = 0.9, max_model_len: int | None = None) -> ServeConfig:
+    return ServeConfig(model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len)
 
 
 def reference_points() -> list[ReferencePoint]:

@@ -29,7 +29,7 @@ class UnknownGpu(KeyError):
         super().__init__(f"unknown GPU {name!r}; known GPUs: {', '.join(known)}")
 
     def __str__(self) -> str:
-        return self.args[0]
+        return str(self.args[0])
 
 
 class UnknownModel(KeyError):
@@ -41,7 +41,7 @@ class UnknownModel(KeyError):
         super().__init__(f"unknown model {name!r}; known models: {', '.join(known)}")
 
     def __str__(self) -> str:
-        return self.args[0]
+        return str(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +67,6 @@ class GpuSpec:
     interconnect_gbps: float = 25.0
     """GPU-to-GPU bandwidth per direction for tensor-parallel all-reduce (NVLink or PCIe)."""
     aliases: tuple[str, ...] = ()
-
-    @property
-    def product_label(self) -> str:
-        return self.product_labels[0]
 
     @property
     def is_a100(self) -> bool:

@@ -6,9 +6,13 @@ import argparse
 import json
 import math
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchtune.twin.predict import Prediction
 
 
-def add_parser(twin_sub: argparse._SubParsersAction) -> None:
+def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = twin_sub.add_parser(
         "predict", help="predict vLLM serving metrics for a setting and workload (no GPU needed)",
         description="Simulate vLLM V1 on a GPU and print `vllm bench serve`-style metrics, or the startup error.")
@@ -69,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(prediction, data: dict) -> None:  # type: ignore[no-untyped-def]
+def _print_table(prediction: Prediction, data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -106,7 +106,7 @@ def bind_host(argv_host: str | None) -> str:
     return argv_host
 
 
-def add_parser(twin_sub: argparse._SubParsersAction) -> None:
+def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = twin_sub.add_parser(
         "serve",
         help="run the real-time twin server (accepts `vllm serve MODEL [flags]` argv)",

@@ -23,7 +23,7 @@ from typing import Any
 BENCH_DEFAULT_DURATION_S = 3600.0
 
 
-def add_parser(twin_sub: argparse._SubParsersAction) -> None:
+def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = twin_sub.add_parser(
         "vllm",
         help="act as the vllm command of a vLLM container (`vllm serve ...`, `vllm bench serve ...`)",

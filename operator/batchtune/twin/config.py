@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from batchtune.twin.catalog import GpuSpec, ModelSpec, get_gpu, get_model
 
@@ -29,14 +30,16 @@ def default_max_num_batched_tokens(gpu: GpuSpec) -> int:
 class ServeConfig:
     """One vLLM serving setting on one GPU type. Strings for `model`/`gpu` are resolved in the catalog."""
 
+    # Fields are typed as what they hold once `__post_init__` has run: a catalog entry for a name, vLLM's
+    # default for None. The `__init__` declared for the type checker below says what the constructor takes.
     model: ModelSpec
     gpu: GpuSpec
-    max_num_seqs: int | None = None
+    max_num_seqs: int = cast(int, None)
     """None = vLLM's hardware default (1024 on big non-A100 GPUs, else 256)."""
     gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int | None = None
+    max_num_batched_tokens: int = cast(int, None)
     """None = vLLM's `vllm serve` default for the GPU (8192 or 2048)."""
-    max_model_len: int | None = None
+    max_model_len: int = cast(int, None)
     """None = the model's context length."""
     tensor_parallel_size: int = 1
     dtype: str = "auto"
@@ -47,6 +50,17 @@ class ServeConfig:
     enforce_eager: bool = False
     model_id: str = ""
     """The model name as given (HF id); the served model name defaults to it."""
+
+    if TYPE_CHECKING:
+        # Only for the type checker (at runtime the dataclass writes __init__): the same fields, in order,
+        # with the inputs __post_init__ resolves.
+        def __init__(
+            self, model: str | ModelSpec, gpu: str | GpuSpec, max_num_seqs: int | None = None,
+            gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int | None = None,
+            max_model_len: int | None = None, tensor_parallel_size: int = 1, dtype: str = "auto",
+            quantization: str | None = None, kv_cache_dtype: str = "auto", block_size: int = 16,
+            enable_chunked_prefill: bool = True, enforce_eager: bool = False, model_id: str = "",
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         model_given = self.model
@@ -111,7 +125,7 @@ class ServeConfig:
         return 2 * m.num_layers * self.kv_heads_per_gpu * m.head_dim * self.kv_bytes_per_element
 
     def replace(self, **changes: object) -> ServeConfig:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]  # fields by name; __post_init__ checks values
 
     @classmethod
     def from_vllm_argv(cls, argv: list[str], gpu: str | GpuSpec,
@@ -158,7 +172,8 @@ class VllmArgv:
     unknown: tuple[str, ...] = ()
 
     def to_config(self, gpu: str | GpuSpec) -> ServeConfig:
-        return ServeConfig(model=self.model, gpu=gpu, model_id=self.model, **self.settings)  # type: ignore[arg-type]
+        return ServeConfig(model=self.model, gpu=gpu, model_id=self.model,
+                           **self.settings)  # type: ignore[arg-type]  # values typed by each flag's parser; __post_init__ checks them
 
 
 def parse_vllm_argv(argv: list[str], on_unknown: Callable[[str], None] | None = None) -> VllmArgv:

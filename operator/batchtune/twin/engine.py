@@ -89,10 +89,10 @@ class _Step(NamedTuple):
 
     duration: float
     t_end: float
-    emitted: list  # list[_Request] that produced a token, in schedule order
-    finished: list  # list[_Request] that finished this step
+    emitted: list[_Request]  # that produced a token, in schedule order
+    finished: list[_Request]  # that finished this step
     contiguous: int  # non-first tokens whose previous token came from the previous step
-    gaps: list  # inter-token gaps (s) of non-first tokens that are not contiguous
+    gaps: list[float]  # inter-token gaps (s) of non-first tokens that are not contiguous
     preempted: int
     prompt_tokens: int
     decode_tokens: int
@@ -123,7 +123,6 @@ class Engine:
         self.running: list[_Request] = []
         self.waiting: deque[_Request] = deque()
         self._by_id: dict[str, _Request] = {}
-        self._step_index = 0
         self._last_step_end = float("-inf")
         self._frontend_free = float("-inf")
         self.num_preemptions = 0
@@ -323,7 +322,6 @@ class Engine:
                 del self._by_id[r.req_id]
             self.running = [r for r in running if r.output < r.max_tokens]
         self._last_step_end = t_end
-        self._step_index += 1
         self.num_preemptions += preempted
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += len(emitted)

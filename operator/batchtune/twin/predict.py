@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -175,7 +175,7 @@ def predict(cfg: ServeConfig, workload: Workload, duration_s: float, seed: int =
 
 def _apply_noise(metrics: dict[str, Any], noise: float, seed: int) -> None:
     rng = random.Random(seed * 7919 + 17)
-    families = {"throughput": ("request_throughput", "output_throughput", "total_token_throughput")}
+    families: dict[str, tuple[str, ...]] = {"throughput": ("request_throughput", "output_throughput", "total_token_throughput")}
     for name in LATENCY_METRICS:
         families[name] = tuple(k for k in metrics if k.endswith(f"_{name}_ms"))
     for keys in families.values():
@@ -183,13 +183,6 @@ def _apply_noise(metrics: dict[str, Any], noise: float, seed: int) -> None:
         for key in keys:
             if metrics.get(key) is not None:
                 metrics[key] *= factor
-
-
-class _Record:
-    __slots__ = ("prompt", "output")
-
-    def __init__(self, prompt: int, output: int):
-        self.prompt, self.output = prompt, output
 
 
 class _Simulation:
@@ -231,7 +224,8 @@ class _Simulation:
         self.engine._add(req)
 
     def _can_send(self) -> bool:
-        return not self.bench or self.sent < self.wl.num_prompts  # type: ignore[operator]
+        num_prompts = self.wl.num_prompts  # None exactly when not in bench mode
+        return num_prompts is None or self.sent < num_prompts
 
     def run(self) -> None:
         eng, wl = self.engine, self.wl
@@ -239,16 +233,17 @@ class _Simulation:
         cost = eng._cost
         now = 0.0
         closed = wl.concurrency is not None
-        rate = wl.request_rate
+        # None only in a closed loop, which draws no arrivals (Workload takes exactly one of the two).
+        rate = cast(float, wl.request_rate)
         next_arrival = math.inf
-        if closed:
-            for _ in range(min(wl.concurrency, wl.num_prompts or wl.concurrency)):  # type: ignore[arg-type]
+        if wl.concurrency is not None:
+            for _ in range(min(wl.concurrency, wl.num_prompts or wl.concurrency)):
                 self._send(0.0)
         elif rate == math.inf:
-            for _ in range(wl.num_prompts):  # type: ignore[arg-type]
+            for _ in range(cast(int, wl.num_prompts)):  # Workload requires num_prompts with an infinite rate
                 self._send(0.0)
         else:
-            next_arrival = self.rng.expovariate(rate)  # type: ignore[arg-type]
+            next_arrival = self.rng.expovariate(rate)
         measuring = self.bench
         warmup = 0.0 if self.bench else wl.warmup_s
         if warmup is None and not closed:
@@ -264,7 +259,7 @@ class _Simulation:
         while True:
             while next_arrival <= now and self._can_send():
                 self._send(next_arrival)
-                next_arrival += self.rng.expovariate(rate)  # type: ignore[arg-type]
+                next_arrival += self.rng.expovariate(rate)
             if not self._can_send():
                 next_arrival = math.inf
             if not eng.has_work():

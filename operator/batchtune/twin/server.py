@@ -55,8 +55,6 @@ class ServerOptions:
     port: int = 8000
     time_scale: float = 1.0
     """Simulated seconds per wall second."""
-    load_time_s: float = 0.0
-    """Simulated seconds "loading the model" (divided by time_scale on the wall clock)."""
     activity_file: str | None = None
     """Where to write the GPU activity report once per wall second."""
     gpu_count: int = 1
@@ -82,7 +80,7 @@ class _Stream:
     max_tokens: int
     reason_at_end: str
     arrival_sim: float
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[bool] = field(default_factory=asyncio.Queue)
     generated: int = 0
     first_sim: float = 0.0
     last_sim: float = 0.0
@@ -97,7 +95,7 @@ class StepTiming:
     scheduled_s: float = 0.0
     abs_error_s: float = 0.0
     max_error_s: float = 0.0
-    errors: deque = field(default_factory=lambda: deque(maxlen=20000))
+    errors: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=20000))
     restarts: int = 0
 
     def record(self, duration: float, late_by: float) -> None:
@@ -470,7 +468,7 @@ class TwinServer:
             if isinstance(prompt, str):
                 prompt_tokens = count_text_tokens(prompt) if prompt.strip() else 1
                 key = prompt
-            elif token_ids:
+            elif isinstance(prompt, list) and token_ids:
                 prompt_tokens = len(prompt)
                 key = ",".join(map(str, prompt[:64]))
             else:
