@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from batchtune.bench.types import Load, LoadKind, Reading, Slo
 
@@ -149,7 +150,8 @@ def _capacity_from_hint(
     lo: tuple[float, Reading] | None = (load, reading) if passing else None
     hi: tuple[float, Reading] | None = None if passing else (load, reading)
     while steps < 8 and (lo is None or hi is None):
-        base = lo[0] if lo is not None else hi[0]  # type: ignore[index]
+        # The loop runs while exactly one end of the bracket is known: without lo there is a hi.
+        base = lo[0] if lo is not None else cast("tuple[float, Reading]", hi)[0]
         probe = step(base, up=lo is not None)
         if probe < (1 if kind == "concurrency" else MIN_RATE) or (kind == "concurrency" and probe == base):
             return None

@@ -6,6 +6,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from batchtune.bench.evaluate import Judge
@@ -100,15 +101,15 @@ def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
 
     fits = getattr(truth, "fits", None)
     return [
-        CoreStrategy("Adaptive", fits=fits, name="adaptive"),  # type: ignore[list-item]
-        CoreStrategy("Bayesian", fits=fits, name="bayesian"),  # type: ignore[list-item]
+        CoreStrategy("Adaptive", fits=fits, name="adaptive"),
+        CoreStrategy("Bayesian", fits=fits, name="bayesian"),
         AutoTune(),
         Doubling(),
         HillClimb(),
     ]
 
 
-def _name(strategy: object) -> str:
+def _name(strategy: TuningStrategy) -> str:
     return getattr(strategy, "label", None) or strategy.name
 
 
@@ -171,19 +172,19 @@ def _judge_choice(
     judge: Judge, oracle: OracleResult, name: str, choice: Choice, testbed: SimTestbed, seed: int, noise: float
 ) -> StrategyRun:
     ledger = testbed.ledger
-    common = dict(
-        strategy=name, trials=ledger.starts, failed_starts=ledger.failed_starts,
+    make_run = partial(
+        StrategyRun, strategy=name, trials=ledger.starts, failed_starts=ledger.failed_starts,
         load_steps=ledger.load_steps, gpu_minutes=ledger.gpu_minutes, note=choice.note,
     )
     if choice.knobs is None:
-        return StrategyRun(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
-                           violates=False, noisy_violations=0, **common)  # type: ignore[arg-type]
+        return make_run(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
+                        violates=False, noisy_violations=0)
     value = judge.objective(choice.knobs).objective
     load = _recheck_load(judge, choice)
     violates = load is None or not judge.holds(choice.knobs, load)
     noisy = RECHECK_REPEATS if load is None else judge.noisy_violations(
         choice.knobs, load, repeats=RECHECK_REPEATS, noise=noise, seed=derive_seed(seed, name, "recheck"))
-    return StrategyRun(
+    return make_run(
         chosen=choice.knobs.label(),
         chosen_knobs=asdict(choice.knobs),
         claimed_load=load.label() if load else None,
@@ -191,7 +192,6 @@ def _judge_choice(
         regret=regret(oracle.objective, value),
         violates=violates,
         noisy_violations=noisy,
-        **common,  # type: ignore[arg-type]
     )
 
 

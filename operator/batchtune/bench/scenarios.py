@@ -4,8 +4,12 @@ strategies search."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from batchtune.bench.types import Knobs, Load, LoadKind, ObjectiveKind, Slo
+
+if TYPE_CHECKING:
+    from batchtune.twin.predict import LengthDist
 
 # The oracle's fine grid: max-num-seqs in ~1.25x steps, gmu every 2 points (plus 97, where the
 # runtime-OOM rule starts).
@@ -71,7 +75,7 @@ class Scenario:
     """The fixed offered load of a `throughput` scenario."""
     tensor_parallel_size: int = 1
     max_model_len: int | None = None
-    length_dist: str = "fixed"
+    length_dist: LengthDist = "fixed"
     tuner_space: SearchSpace = field(
         default_factory=lambda: SearchSpace(TUNER_MAX_NUM_SEQS, TUNER_GMU_PCT)
     )

@@ -6,9 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.types import Knobs, Load, Reading, StartResult
+
+if TYPE_CHECKING:
+    from batchtune.twin.config import ServeConfig
 
 POD_OVERHEAD_S = 20.0
 """Scheduling, container start, Python imports and the readiness probe period, on top of vLLM's own
@@ -22,7 +26,7 @@ PROMPT_RUN_CAP_S = 300.0
 class TwinTruth:
     pod_overhead_s: float = POD_OVERHEAD_S
 
-    def config(self, scenario: Scenario, knobs: Knobs):  # -> ServeConfig
+    def config(self, scenario: Scenario, knobs: Knobs) -> ServeConfig:
         return _config(scenario.model, scenario.gpu, scenario.tensor_parallel_size, scenario.max_model_len,
                        knobs.max_num_seqs, knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
 
@@ -79,7 +83,7 @@ class TwinTruth:
         rate = load.value if load.kind == "request_rate" else None
         workload = Workload(
             scenario.input_len, scenario.output_len, concurrency=conc, request_rate=rate,
-            length_dist=scenario.length_dist, num_prompts=prompts,  # type: ignore[arg-type]
+            length_dist=scenario.length_dist, num_prompts=prompts,
         )
         window = min(PROMPT_RUN_CAP_S, max(duration_s, 1.0)) if prompts is None else PROMPT_RUN_CAP_S
         prediction = predict(cfg, workload, window, seed=seed, noise=noise)
@@ -92,7 +96,9 @@ class TwinTruth:
 
 
 @lru_cache(maxsize=4096)
-def _config(model: str, gpu: str, tp: int, max_model_len: int | None, mns: int, gmu_pct: int, mbt: int | None):
+def _config(
+    model: str, gpu: str, tp: int, max_model_len: int | None, mns: int, gmu_pct: int, mbt: int | None
+) -> ServeConfig:
     from batchtune.twin.config import ServeConfig
 
     return ServeConfig(
@@ -102,7 +108,7 @@ def _config(model: str, gpu: str, tp: int, max_model_len: int | None, mns: int, 
 
 
 @lru_cache(maxsize=4096)
-def _startup(cfg, pod_overhead_s: float) -> StartResult:
+def _startup(cfg: ServeConfig, pod_overhead_s: float) -> StartResult:
     from batchtune.twin.cli_serve import startup_phases
     from batchtune.twin.memory import StartupFailure, plan_memory
 

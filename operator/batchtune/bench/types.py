@@ -48,12 +48,6 @@ class Load:
         if not self.value > 0:
             raise ValueError(f"load value must be > 0, got {self.value} ({self.kind})")
 
-    def scaled(self, factor: float) -> Load:
-        value = self.value * factor
-        if self.kind == "concurrency":
-            value = float(max(1, math.floor(value)))
-        return Load(self.kind, value)
-
     def label(self) -> str:
         return f"c={int(self.value)}" if self.kind == "concurrency" else f"rate={self.value:.2f}/s"
 

@@ -9,6 +9,7 @@ from batchtune.bench.types import Choice, Testbed
 
 
 class TuningStrategy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: the strategies are frozen dataclasses
 
     def tune(self, testbed: Testbed, scenario: Scenario, *, seed: int) -> Choice: ...
