@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchtune.bench.runner import ScenarioResult
 
 DEFAULT_NOISE = 0.03
 """Run-to-run measurement noise of the twin (relative, per metric family) the strategies face."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("bench", help="benchmarks: tuning quality and cost against the baselines")
     bench_sub = parser.add_subparsers(dest="bench_command", metavar="BENCH_COMMAND")
     tuning = bench_sub.add_parser(
@@ -32,7 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tuning.add_argument("--save", metavar="PATH", help="also write the JSON result to PATH")
     tuning.add_argument("--list", action="store_true", help="list the scenarios and exit")
     tuning.set_defaults(func=_tuning)
-    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
+
+    def print_help(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=print_help)
 
 
 def _tuning(args: argparse.Namespace) -> int:
@@ -56,7 +65,7 @@ def _tuning(args: argparse.Namespace) -> int:
         print(f"error: --noise {args.noise} must be in [0, 1)", file=sys.stderr)
         return 2
 
-    def progress(result) -> None:
+    def progress(result: ScenarioResult) -> None:
         if args.output == "table":
             print(f"Finished {result.scenario} in {result.seconds:.0f} s", file=sys.stderr)
 

@@ -31,7 +31,7 @@ def parse_floats(text: str, name: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{name}={text!r}: expected comma-separated numbers") from None
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "loadgen",
         help="send streaming load to an OpenAI endpoint and write a vllm-bench-style result",

@@ -8,7 +8,7 @@ import os
 from batchtune import __version__
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("operator", help="run the BatchTuning operator")
     p.add_argument("-n", "--namespace", action="append", default=[],
                    help="watch only this namespace (repeatable); default: all namespaces")

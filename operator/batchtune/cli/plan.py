@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchtune.core import EngineLimits, Setting
+    from batchtune.engines import Engine, Invocation
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "plan",
         help="print the planned trial settings, what is pruned and why (offline)",
@@ -27,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _target(path: str, container_name: str | None):  # type: ignore[no-untyped-def]
+def _target(path: str, container_name: str | None) -> tuple[Engine, EngineLimits, Invocation]:
     import yaml
 
     from batchtune.engines import find_engine_container
@@ -66,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         for bt in tunings:
             spec = bt.spec
             title = f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}"
-            engine, limits = VLLM, EngineLimits()
+            engine: Engine = VLLM
+            limits = EngineLimits()
             if args.target:
                 try:
                     engine, limits, invocation = _target(args.target, spec.target_ref.container_name)
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 status = 1
                 continue
 
-            def invariant(setting, engine=engine, limits=limits):  # type: ignore[no-untyped-def]
+            def invariant(setting: Setting, engine: Engine = engine, limits: EngineLimits = limits) -> str | None:
                 return engine.invariant_violation(setting, limits)
 
             plan = plan_candidates(space, invariant, limits=limits)
@@ -120,12 +126,12 @@ def run(args: argparse.Namespace) -> int:
                                   getattr(spec.objective.type, "value", spec.objective.type),
                                   spec.strategy.seed, spec.strategy.max_trials)
             wanted = args.asks if args.asks is not None else max(3, spec.strategy.max_parallel_trials)
-            asks = []
+            asks: list[Setting] = []
             for _ in range(wanted):
-                setting = search.ask([], pending=asks)
-                if setting is None:
+                ask = search.ask([], pending=asks)
+                if ask is None:
                     break
-                asks.append(setting)
+                asks.append(ask)
             budget = min(spec.strategy.max_trials, len(plan.candidates))
             console.print(
                 f"strategy {strategy_kind} (seed {spec.strategy.seed}, at most {budget} trial(s)); "

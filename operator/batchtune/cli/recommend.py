@@ -26,7 +26,7 @@ class NoRecommendation(Exception):
     pass
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("recommend", help="print a BatchTuning's recommendation as a patch",
                        description="Print the recommended setting as a JSON patch (-o patch), a Kustomize "
                                    "patch (-o kustomize), a Helm values snippet (-o helm-values) or the "
@@ -62,7 +62,7 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
     phase = phase_of(bt)
     if not rec:
         if phase == "Failed":
-            failed = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
+            failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
             raise NoRecommendation(f"BatchTuning {where} failed without a recommendation: "
                                    f"{failed.get('reason', '')}: {failed.get('message', '')}")
         raise NoRecommendation(f"BatchTuning {where} has no recommendation yet (phase {phase}, "

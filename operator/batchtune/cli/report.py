@@ -18,7 +18,7 @@ from batchtune.cli.status import add_common_arguments
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="print a BatchTuning's trial table and write its curves and CSV",
                        description="Print the trial table and the decision, and write curves.png (GPU "
                                    "utilization, throughput and latency against max-num-seqs), trials.csv "

@@ -29,7 +29,7 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="show a BatchTuning's progress, trials and conditions",
                        description="Show a BatchTuning's progress, trials and conditions. With --watch, "
                                    "refresh until it ends; the exit status is then 0 for Succeeded or "
@@ -186,7 +186,7 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
             marks.append("◆ knee")
         state = trial.get("state") or "Pending"
         verdict = trial.get("verdict") or ""
-        row = [str(trial.get("index", "")), " ".join(marks), str(setting.get("maxNumSeqs", "-")),
+        row: list[str | Text] = [str(trial.get("index", "")), " ".join(marks), str(setting.get("maxNumSeqs", "-")),
                str(setting.get("gpuMemoryUtilizationPercent", "-"))]
         if with_mbt:
             row.append(str(setting.get("maxNumBatchedTokens") or "-"))
@@ -248,7 +248,7 @@ def header(bt: Mapping[str, Any], now: datetime) -> Any:
     spec = bt.get("spec") or {}
     status = bt.get("status") or {}
     phase = phase_of(bt)
-    progressing = next((c for c in status.get("conditions") or [] if c.get("type") == "Progressing"), {})
+    progressing: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Progressing"), {})
     title = Text.assemble(
         ("BatchTuning ", "bold"), (f"{meta.get('namespace', '')}/{meta.get('name', '')}", "bold cyan"),
         "  target Deployment ", (str((spec.get("targetRef") or {}).get("name", "-")), "cyan"),
@@ -301,7 +301,7 @@ def decision(bt: Mapping[str, Any]) -> Any:
             text.append("\n  replicas: ", style="bold")
             text.append(f"{rec['replicasHint']} would serve production's current load at this setting")
     elif phase == "Failed":
-        failed = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
+        failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
         text.append("No decision: ", style="bold red")
         text.append(f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}")
     if knee:

@@ -13,9 +13,14 @@ TWIN_COMMAND_MODULES = [
 ]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("twin", help="simulated vLLM on a GPU: what-if predictions and a stand-in server")
     twin_sub = parser.add_subparsers(dest="twin_command", metavar="TWIN_COMMAND")
     for name in TWIN_COMMAND_MODULES:
         importlib.import_module(name).add_parser(twin_sub)
-    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
+
+    def print_help(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=print_help)
