@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -131,7 +131,7 @@ class _Tally:
 
     window_start: float
     window_tokens: int = 0
-    per_second: Counter = field(default_factory=Counter)
+    per_second: Counter[int] = field(default_factory=Counter)
     in_flight: int = 0
     max_in_flight: int = 0
 
@@ -162,9 +162,10 @@ def _chunk_text(data: dict[str, Any], chat: bool) -> str | None:
     if not choices:
         return None
     choice = choices[0]
+    # Parsed JSON: a chunk's text is a string or null.
     if chat:
-        return (choice.get("delta") or {}).get("content")
-    return choice.get("text")
+        return cast("str | None", (choice.get("delta") or {}).get("content"))
+    return cast("str | None", choice.get("text"))
 
 
 async def _send(
@@ -194,8 +195,8 @@ async def _send(
                 if "error" in data:
                     record.error = str(data["error"])[:300]
                     return
-                text = _chunk_text(data, chat)
-                if text:  # as vllm bench: empty deltas (the chat role chunk) are not tokens
+                chunk_text = _chunk_text(data, chat)
+                if chunk_text:  # as vllm bench: empty deltas (the chat role chunk) are not tokens
                     now = loop.time()
                     if chunks == 0:
                         record.ttft_s = now - record.sent_at
@@ -320,6 +321,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
             if tasks:
                 await asyncio.wait(set(tasks))
 
+        driver: asyncio.Future[Any]  # awaited for its end only
         if spec.concurrency and not math.isfinite(spec.request_rate):
             driver = asyncio.gather(*(closed_loop_stream() for _ in range(spec.concurrency)))
         else:

@@ -40,7 +40,7 @@ class RequestRecord:
     e2el_s: float = 0.0
     finished_at: float = 0.0
     output_tokens: int = 0
-    itls_s: array = field(default_factory=lambda: array("d"))
+    itls_s: array[float] = field(default_factory=lambda: array("d"))
     error: str = ""
 
 
