@@ -14,7 +14,7 @@ import base64
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from batchtune import API_GROUP, API_VERSION, KIND, PLURAL
 
@@ -76,7 +76,8 @@ class Kube:
 
         custom = client.CustomObjectsApi(self.api)
         try:
-            return custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+            obj = custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+            return cast(dict[str, Any], obj)  # the custom-objects API returns the object's JSON as a dict
         except Exception as exc:  # noqa: BLE001 - classified below
             if _status(exc) != 404:
                 raise self._error(exc, f"get {KIND} {namespace}/{name}") from None
@@ -90,7 +91,7 @@ class Kube:
 
         custom = client.CustomObjectsApi(self.api)
         try:
-            listed = custom.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL)
+            listed = cast(dict[str, Any], custom.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL))
         except Exception as exc:  # noqa: BLE001 - classified below
             if _status(exc) == 404:
                 raise CrdMissing(f"the {KIND} CRD ({PLURAL}.{API_GROUP}) is not installed on {self.server}; "
@@ -139,7 +140,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
                   and "KUBERNETES_SERVICE_HOST" in os.environ)
     if in_cluster:
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
         namespace_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
         return Kube(api=_api(configuration), default_namespace=namespace, server=configuration.host)
@@ -150,8 +151,8 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
             "(for the local cluster: . ~/.cache/batchtune/cluster/env)")
     configuration = client.Configuration()
     try:
-        config.load_kube_config(config_file=str(path), context=context, client_configuration=configuration)
-        contexts, active = config.list_kube_config_contexts(config_file=str(path))
+        config.load_kube_config(config_file=str(path), context=context, client_configuration=configuration)  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
+        contexts, active = config.list_kube_config_contexts(config_file=str(path))  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
     except config.ConfigException as exc:
         raise CliError(f"kubeconfig {path}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - yaml errors and the like
@@ -182,7 +183,8 @@ def _reason(exc: Exception) -> str:
 
     body = getattr(exc, "body", None)
     try:
-        return json.loads(body).get("message") or str(getattr(exc, "reason", exc))
+        # A missing (None) or non-JSON body raises here and falls to the except below.
+        return json.loads(cast(str, body)).get("message") or str(getattr(exc, "reason", exc))
     except Exception:  # noqa: BLE001 - non-JSON bodies
         return str(getattr(exc, "reason", None) or exc)
 
