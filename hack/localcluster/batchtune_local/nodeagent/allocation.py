@@ -17,7 +17,7 @@ def allocate_ip(network: str, used: Iterable[str], after: str | None = None) -> 
     new pod while scrapers and clients may still dial it.
     """
     net = ipaddress.ip_network(network)
-    if not net.subnet_of(ipaddress.ip_network("127.0.0.0/8")):  # type: ignore[arg-type]
+    if not net.subnet_of(ipaddress.ip_network("127.0.0.0/8")):  # type: ignore[arg-type]  # net may be IPv6; that raises TypeError here
         raise ValueError(f"pod network {network!r} must lie inside 127.0.0.0/8")
     taken = set(used)
     hosts = int(net.num_addresses)
