@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from array import array
 
@@ -16,6 +17,7 @@ from batchtune.loadgen import (
     RequestRecord,
     TargetRefused,
     Window,
+    censored_quantile,
     check_target,
     compact_summary,
     compute_result,
@@ -72,9 +74,61 @@ def test_window_excludes_warmup_from_latency_and_counts_failures():
     assert result["errors_sample"] == ["HTTP 500: boom"]
 
 
-def test_empty_sample_reads_zero_like_vllm():
+def test_an_empty_sample_gives_no_statistic_never_zero():
+    # vllm bench serve reports 0 ms here; an empty window read as "0 ms" once passed an overloaded step.
     result = compute_result([], Window(0.0, 1.0, 0))
-    assert result["completed"] == 0 and result["mean_ttft_ms"] == 0.0
+    assert result["completed"] == 0 and result["samples"] == 0
+    assert result["mean_ttft_ms"] is None and result["p95_e2el_ms"] is None and result["p99_itl_ms"] is None
+    assert "p95_e2el_ms" not in json.loads(compact_summary(result))
+
+
+def _running(sent: float, first_token: float | None = None) -> RequestRecord:
+    """A request still streaming (or queued) when the window ends."""
+    r = RequestRecord(sent_at=sent, prompt_tokens=10)
+    if first_token is not None:
+        r.ttft_s = first_token - sent
+        r.last_token_at = first_token
+    return r
+
+
+def test_an_overloaded_window_where_nothing_finished_reads_slow_not_fast():
+    # Every request was sent inside the window and none finished: elapsed times are lower bounds.
+    records = [_running(1.0 + i * 0.1) for i in range(30)]
+    result = compute_result(records, Window(start=1.0, end=31.0, output_tokens=0))
+    assert result["completed"] == 0 and result["in_flight"] == 30 and result["samples"] == 30
+    assert result["p95_ttft_ms"] == math.inf and result["p95_e2el_ms"] == math.inf
+    assert json.loads(compact_summary(result))["p95_ttft_ms"] == 1e12
+
+
+def test_requests_still_running_count_against_the_percentiles():
+    # Survivorship: the 10 fast ones finished; the 10 slow ones are still running 20 s after they were sent.
+    fast = [_record(1.0 + i * 0.01, 0.05, [0.01] * 4) for i in range(10)]
+    slow = [_running(1.0 + i * 0.01, first_token=1.5 + i * 0.01) for i in range(10)]
+    only_fast = compute_result(fast, Window(start=1.0, end=21.0, output_tokens=40))
+    both = compute_result(fast + slow, Window(start=1.0, end=21.0, output_tokens=40))
+    assert only_fast["p95_e2el_ms"] < 1000
+    assert both["p95_e2el_ms"] == math.inf  # half the requests are past 20 s: p95 is beyond what was seen
+    assert both["p95_itl_ms"] > 19000  # the gap since the slow requests' last token counts too
+    assert both["samples"] == 20 and both["in_flight"] == 10
+
+
+@pytest.mark.parametrize(("events", "censored", "q", "expected"), [
+    pytest.param([1, 2, 3, 4], [], 0.5, 2, id="no-censoring-is-the-empirical-quantile"),
+    pytest.param([1, 2, 3, 4], [10, 10], 0.5, 3, id="censored-above-push-it-up"),
+    pytest.param([1, 2], [0.5, 0.5, 0.5], 0.5, 1, id="censored-below-leave-the-risk-set"),
+    pytest.param([1], [5, 5, 5, 5], 0.95, math.inf, id="open-above-every-event"),
+    pytest.param([], [], 0.5, math.inf, id="nothing-known"),
+])
+def test_censored_quantile(events, censored, q, expected):
+    assert censored_quantile(events, censored, q) == expected
+
+
+def test_the_summary_carries_the_window_in_wall_clock_seconds():
+    records = [_record(2.0, 0.1, [0.02] * 4)]
+    result = compute_result(records, Window(start=1.0, end=4.0, output_tokens=4), wall_offset=1_700_000_000.0)
+    summary = json.loads(compact_summary(result))
+    assert summary["measure_start"] == 1_700_000_001.0 and summary["measure_end"] == 1_700_000_004.0
+    assert summary["samples"] == 1 and summary["in_flight"] == 0
 
 
 @given(st.lists(st.floats(min_value=0.001, max_value=10.0), min_size=1, max_size=200))

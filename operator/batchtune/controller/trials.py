@@ -72,7 +72,6 @@ def close(step: LoadStepRecord, config: ProtocolConfig) -> None:
     step.margin = closed.margin if math.isfinite(closed.margin) else None
     step.cross_check = closed.cross_check
     step.results = []  # keep status small: the step's summary stays, per-repeat data goes
-    step.job = None
 
 
 def outcome_of(trial: TrialRecord, objective: Objective) -> TrialOutcome:
@@ -381,8 +380,6 @@ def finish(tick: Tick, trial: TrialRecord, state: TrialState, reason: Reason, me
     trial.verdict = verdict
     trial.verdict_reason = (verdict_reason or message)[:1000]
     trial.finished_at = tick.now
-    for step in trial.steps:
-        step.job = None
     telemetry.TRIALS.labels(result=state.value).inc()
     tick.log.info("Finished trial %s: %s (%s)", trial.name, state.value, reason.value)
 

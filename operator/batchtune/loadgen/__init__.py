@@ -12,7 +12,7 @@ from batchtune.loadgen.runner import (
     run_load,
     run_load_sync,
 )
-from batchtune.loadgen.stats import RequestRecord, Window, compact_summary, compute_result
+from batchtune.loadgen.stats import RequestRecord, Window, censored_quantile, compact_summary, compute_result
 
 __all__ = [
     "LoadSpec",
@@ -21,6 +21,7 @@ __all__ = [
     "Window",
     "check_target",
     "compact_summary",
+    "censored_quantile",
     "compute_result",
     "format_report",
     "run_load",

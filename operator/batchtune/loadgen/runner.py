@@ -203,6 +203,7 @@ async def _send(
                     else:
                         record.itls_s.append(now - last)
                     last = now
+                    record.last_token_at = now
                     chunks += 1
                     tally.token(now)
                 usage = data.get("usage")
@@ -266,6 +267,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         model = spec.model or await first_model(session, base, spec.ready_timeout_s)
         loop = asyncio.get_running_loop()
         started = loop.time()
+        wall_offset = time.time() - started
         warmup_end = started + spec.warmup_s / spec.time_scale
         hard_stop = started + spec.duration_s / spec.time_scale
         tally = _Tally(window_start=warmup_end)
@@ -340,8 +342,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         end = hard_stop if stopped_early else max((r.finished_at for r in records), default=loop.time())
     if end < warmup_end:
         say(f"Warning: the run ended {warmup_end - end:.2f}s (wall) before the warm-up did; no measurements")
-    # Requests cancelled by the hard stop are neither completed nor failed.
-    kept = [r for r in records if r.success or r.error]
+    # Requests cancelled by the hard stop are neither completed nor failed: they were in flight at its end.
     per_second = [count for second, count in tally.per_second.items() if warmup_end + second + 1 <= end]
     window = Window(
         start=warmup_end,
@@ -351,11 +352,12 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         max_concurrent_requests=tally.max_in_flight,
     )
     result = compute_result(
-        kept,
+        records,
         window,
         percentile_metrics=spec.percentile_metrics,
         percentiles=spec.percentiles,
         time_scale=spec.time_scale,
+        wall_offset=wall_offset,
     )
     setup = {
         "date": time.strftime("%Y%m%d-%H%M%S"),
