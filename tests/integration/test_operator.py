@@ -214,8 +214,12 @@ def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prome
     assert step["verdict"] == "Met" and step["metrics"]["outputThroughput"] > 0
 
 
-def test_operator_killed_repeatedly_finishes_without_duplicates(kube, namespace, operator, prometheus_url,
-                                                                 wait_for):
+def test_operator_killed_at_random_moments_finishes_an_auto_tuning_exactly_once(kube, namespace, operator,
+                                                                                prometheus_url, wait_for):
+    """SIGKILL at seeded random moments over trials, apply and verify: same decision, nothing twice,
+    nothing left behind, production never left applied but unverified."""
+    import random
+
     apply(kube, production(namespace))
     wait_ready(kube, namespace, "llm", wait_for)
     created: dict[str, int] = {}
@@ -224,34 +228,45 @@ def test_operator_killed_repeatedly_finishes_without_duplicates(kube, namespace,
     def watch_creations():
         from kubernetes import watch
         w = watch.Watch()
-        for event in w.stream(kube.apps.list_namespaced_deployment, namespace, timeout_seconds=600):
+        for event in w.stream(kube.apps.list_namespaced_deployment, namespace, timeout_seconds=900):
             if event["type"] == "ADDED" and "-trial-" in event["object"].metadata.name:
                 created[event["object"].metadata.name] = created.get(event["object"].metadata.name, 0) + 1
             if stop.is_set():
                 w.stop()
     watcher = threading.Thread(target=watch_creations, daemon=True)
     watcher.start()
-    apply(kube, batchtuning(namespace, prometheus_url, apply={"mode": "Recommend"}))
-    kills = 0
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        bt = get_bt(kube, namespace, "tune")
-        if (bt.get("status") or {}).get("phase") in ("Recommended", "Failed"):
-            break
-        time.sleep(7 + 3 * (kills % 3))
-        if kills < 6:
-            operator.kill()
-            kills += 1
-            operator.start()
-    stop.set()
-    bt = wait_phase(kube, namespace, "tune", {"Recommended", "Failed"}, 120, operator)
-    assert kills >= 5
+    traffic = Traffic(kube, namespace, "app=llm", rate=2)
+    traffic.start()
+    apply(kube, batchtuning(namespace, prometheus_url))
+    rng = random.Random(20261201)
+    kills, phases_killed = 0, set()
+    deadline = time.monotonic() + 900
+    try:
+        while time.monotonic() < deadline:
+            bt = get_bt(kube, namespace, "tune")
+            phase = (bt.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed", "RolledBack", "Recommended"):
+                break
+            time.sleep(rng.uniform(3, 14))
+            if kills < 20:
+                phases_killed.add((get_bt(kube, namespace, "tune").get("status") or {}).get("phase"))
+                operator.kill()
+                kills += 1
+                operator.start()
+        bt = wait_phase(kube, namespace, "tune", {"Succeeded", "Failed", "RolledBack"}, 300, operator)
+    finally:
+        stop.set()
+        traffic.stop()
+    assert kills >= 10 and {"Trialing", "Verifying"} <= phases_killed, (kills, phases_killed)
     status = bt["status"]
-    assert status["phase"] == "Recommended", json.dumps(status, indent=1)[-3000:]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)[-3000:]
     names = [t["name"] for t in status["trials"]]
     assert len(names) == len(set(names)) == status["trialsPlanned"]
     assert all(count == 1 for count in created.values()), created
     assert owned_objects(kube, namespace, "tune") == []
+    mark = json.loads(kube.apps.read_namespaced_deployment("llm", namespace).metadata.annotations[
+        "batchtune.io/applied"])
+    assert mark["state"] == "Verified"
     capacity = predicted_best([8, 16, 32, 64], 95, 40, 4000, 10)
     assert capacity[status["recommendation"]["setting"]["maxNumSeqs"]] >= 0.85 * max(capacity.values())
 
