@@ -74,3 +74,38 @@ def test_node_usage_and_eligible_nodes():
 def test_container_gpus(container, gpus):
     assert container_gpus(container) == gpus
     assert pod_gpus({"spec": {"containers": [container, container]}}) == 2 * gpus
+
+
+# ---- cases mutation testing (hack/mutation-test) showed no test would notice -----------------------
+
+def _node(name: str, gpus: int, **labels: str) -> dict:
+    return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}
+
+
+def _pod(node: str | None, gpus: int, phase: str = "Running") -> dict:
+    return {"spec": {"nodeName": node, "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": phase}}
+
+
+def test_pending_demands_take_the_tightest_hole_that_fits():
+    # A 2-GPU pod waiting to be scheduled goes where 2 are free, keeping the 4-GPU hole for a 4-GPU trial.
+    from batchtune.core.gpus import NodeGpus, trials_that_fit
+
+    usage = [NodeGpus("big", 8, 4), NodeGpus("small", 8, 6)]
+    assert trials_that_fit(usage, [2], 4) == 1
+
+
+def test_finished_pods_hold_no_gpus():
+    from batchtune.core.gpus import node_usage
+
+    nodes = [_node("n0", 8)]
+    usage, unbound = node_usage(nodes, [_pod("n0", 4, "Failed"), _pod("n0", 2, "Succeeded"), _pod("n0", 1)])
+    assert usage[0].used == 1 and unbound == []
+
+
+def test_a_node_that_does_not_match_does_not_hide_the_ones_after_it():
+    from batchtune.core.gpus import eligible_nodes
+
+    nodes = [_node("cpu", 0), _node("other", 8, **{"nvidia.com/gpu.product": "NVIDIA-A100"}),
+             _node("h100", 8, **{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})]
+    assert [n["metadata"]["name"] for n in eligible_nodes(nodes, {}, "NVIDIA-H100-80GB-HBM3")] == ["h100"]

@@ -78,3 +78,39 @@ def test_recommend_adds_args_a_container_did_not_have():
 def test_container_args(container, flat):
     args = ContainerArgs.of(container)
     assert args.flat() == flat and args.to_wire() == container
+
+
+# ---- cases mutation testing (hack/mutation-test) showed no test would notice -----------------------
+
+def test_a_slow_setting_under_one_request_per_second_still_gets_a_hint():
+    from batchtune.core.recommend import replicas_needed
+
+    assert replicas_needed(0.5, 2.0) == 4
+
+
+def test_the_patches_are_well_formed_and_say_the_same():
+    import json
+
+    import yaml
+
+    from batchtune.core.recommend import recommend
+    from batchtune.core.settings import Setting
+    from batchtune.engines import VLLM
+
+    container = {"name": "vllm", "command": ["vllm", "serve", "m"], "args": ["--max-num-seqs", "8"]}
+    target = {"metadata": {"name": "llm"}, "spec": {"template": {"spec": {"containers": [
+        {"name": "side", "image": "x"}, container]}}}}
+    rec = recommend(VLLM, target, container, Setting(32, 90, 4096), ["--enforce-eager"])
+    patch = json.loads(rec.json_patch)
+    assert patch == [{"op": "replace", "path": "/spec/template/spec/containers/1/args",
+                      "value": ["--max-num-seqs", "32", "--gpu-memory-utilization", "0.90",
+                                "--max-num-batched-tokens", "4096", "--enforce-eager"]}]
+    kustomize = yaml.safe_load(rec.kustomize_patch)
+    assert kustomize["apiVersion"] == "apps/v1" and kustomize["kind"] == "Deployment"
+    assert kustomize["metadata"] == {"name": "llm"}
+    assert kustomize["spec"]["template"]["spec"]["containers"] == [
+        {"name": "vllm", "command": ["vllm", "serve", "m"], "args": patch[0]["value"]}]
+    helm = yaml.safe_load(rec.helm_values.split("\n", 1)[1])
+    assert helm["vllm"] == {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "maxNumBatchedTokens": 4096}
+    assert helm["extraArgs"][-1] == "--enforce-eager"
+    assert list(helm) == ["vllm", "extraArgs"]  # keys in the order a reader expects

@@ -424,3 +424,33 @@ def test_world_model_has_a_knee():
     # The fixtures above rely on it: more seqs past 32 add no throughput.
     assert knee_model(64, 90, 64)["requestThroughput"] == knee_model(32, 90, 64)["requestThroughput"]
     assert NS == "inference"
+
+
+def test_production_token_lengths_reach_the_load_generator():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, load={"concurrency": 8, "fromProduction": True,
+                                                                   "inputTokens": 512, "outputTokens": 128})
+    w.run_until({"Trialing"})
+    assert w.status["workload"]["inputTokens"] == 300
+    while not w.jobs:
+        w.tick()
+    args = next(iter(w.jobs.values()))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--input-len") + 1] == "300" and args[args.index("--output-len") + 1] == "100"
+
+
+@pytest.mark.parametrize("objective, best", [
+    pytest.param("GpuUtilization", 64, id="gpu-utilization-prefers-the-busiest-gpu"),
+    pytest.param("TokensPerJoule", 8, id="tokens-per-joule-prefers-the-frugal-one"),
+])
+def test_the_objective_decides_which_setting_wins(objective, best):
+    def model(seqs, gmu, load):
+        figures = knee_model(seqs, gmu, load)
+        # Bigger batches keep the GPU busier but draw disproportionately more power.
+        figures["smActivePercent"] = min(95.0, 10.0 + seqs)
+        figures["powerWatts"] = 100.0 + 20.0 * seqs
+        return figures
+
+    w = world(objective={"type": objective}, load={"concurrency": 8},
+              slo={"interTokenLatencyMilliseconds": 500, "ttftMilliseconds": 60000}, apply={"mode": "Recommend"})
+    w.model = model
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert w.status["recommendation"]["setting"]["maxNumSeqs"] == best

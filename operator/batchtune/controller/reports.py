@@ -52,10 +52,8 @@ def render_png(name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) ->
 class ReportQueue:
     """`ports.Reports`: one background worker; the latest request per BatchTuning wins."""
 
-    def __init__(self, write: Any = None, render: Any = render_png) -> None:
-        from batchtune.controller.kube import upsert_configmap
-
-        self._write = write or upsert_configmap
+    def __init__(self, write: Any = None, render: Any = None) -> None:
+        self._write = write
         self._render = render
         self._pending: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], dict[str, Any]]] = OrderedDict()
         self._lock = threading.Condition()
@@ -76,8 +74,11 @@ class ReportQueue:
                 while not self._pending:
                     self._lock.wait()
                 (namespace, name), (uid, spec, status) = self._pending.popitem(last=False)
+            from batchtune.controller.kube import upsert_configmap
+
+            write, render = self._write or upsert_configmap, self._render or render_png
             try:
-                self._write(configmap(namespace, name, uid, spec, status, self._render(name, spec, status)))
+                write(configmap(namespace, name, uid, spec, status, render(name, spec, status)))
             except Exception as exc:  # noqa: BLE001  # a report is nice to have; the worker must go on
                 log.warning("Report for %s/%s not written: %s", namespace, name, exc)
 
