@@ -1,5 +1,6 @@
 """The Helm chart, checked through `helm template` and `helm lint` (no cluster): RBAC per mode, the
-operator Deployment's hardening, the CRD lifecycle, the strict values schema, and manifests/ drift."""
+operator Deployment's hardening, the install's bounds (flags, Secret reads, the admission policy), the
+CRD lifecycle, the strict values schema, and manifests/ drift."""
 
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
+POLICY = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
 def grants(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
     verbs: set[str] = set()
     for rule in rules:
@@ -78,7 +82,9 @@ def grants(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize("sets", [
     pytest.param((), id="defaults"),
     pytest.param(("watchNamespaces={team-a,team-b}", "metrics.serviceMonitor.enabled=true",
-                  "vllmPodMonitor.enabled=true", "grafanaDashboard.enabled=true", "crds.keep=false"),
+                  "vllmPodMonitor.enabled=true", "grafanaDashboard.enabled=true", "crds.keep=false",
+                  "prometheus.authSecretNamespaces={team-b}", "prometheus.allowedUrls={http://prom.monitoring:9090}",
+                  "load.allowedImages={registry.example.com/lg:1}", "maxGpuMinutesPerTuning=600"),
                  id="namespaced-with-every-option"),
 ])
 def test_helm_lint_is_clean(sets):
@@ -94,20 +100,28 @@ def test_helm_lint_is_clean(sets):
 
 @pytest.mark.parametrize("sets, expected", [
     pytest.param((), ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-                      "ServiceAccount"], id="cluster-wide-defaults"),
+                      "ServiceAccount", *POLICY], id="cluster-wide-defaults"),
     pytest.param(("watchNamespaces={a,b}",), ["CustomResourceDefinition", "Deployment", "Role", "Role",
-                                              "RoleBinding", "RoleBinding", "ServiceAccount"], id="namespaced"),
-    pytest.param(("crds.enabled=false", "rbac.create=false", "serviceAccount.create=false"), ["Deployment"],
+                                              "RoleBinding", "RoleBinding", "ServiceAccount", *POLICY],
+                 id="namespaced"),
+    pytest.param(("prometheus.authSecretNamespaces={a,b}",),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "Role",
+                  "RoleBinding", "RoleBinding", "ServiceAccount", *POLICY], id="secret-namespaces"),
+    pytest.param(("crds.enabled=false", "rbac.create=false", "serviceAccount.create=false",
+                  "prometheus.authSecretNamespaces={a}"), ["Deployment", *POLICY],
                  id="bring-your-own-crd-rbac-and-sa"),
+    pytest.param(("admissionPolicy.enabled=false",),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "ServiceAccount"],
+                 id="no-admission-policy"),
     pytest.param(("metrics.serviceMonitor.enabled=true",),
                  ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Service",
-                  "ServiceAccount", "ServiceMonitor"], id="service-monitor"),
+                  "ServiceAccount", "ServiceMonitor", *POLICY], id="service-monitor"),
     pytest.param(("metrics.enabled=false", "metrics.serviceMonitor.enabled=true"),
                  ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-                  "ServiceAccount"], id="no-metrics-no-monitor"),
+                  "ServiceAccount", *POLICY], id="no-metrics-no-monitor"),
     pytest.param(("vllmPodMonitor.enabled=true", "grafanaDashboard.enabled=true", "crds.enabled=false"),
-                 ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "ServiceAccount"],
-                 id="pod-monitor-and-dashboard"),
+                 ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "ServiceAccount",
+                  *POLICY], id="pod-monitor-and-dashboard"),
 ])
 def test_rendered_kinds(sets, expected):
     assert kinds(render(*sets)) == sorted(expected)
@@ -207,7 +221,9 @@ def test_cluster_wide_rbac_grants_what_kopf_and_the_operator_need():
     assert grants(rules, "batch", "jobs") == {"get", "list", "watch", "create", "delete"}
     assert grants(rules, "", "pods") == {"get", "list", "watch"}
     assert grants(rules, "", "configmaps") == {"get", "create", "update", "patch"}
-    assert grants(rules, "", "secrets") == {"get"}
+    # Secrets: never cluster-wide; a Role per prometheus.authSecretNamespaces entry (none by default).
+    assert not grants(rules, "", "secrets")
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     assert grants(rules, "", "nodes") == {"get", "list", "watch"}
     assert grants(rules, "", "services") == {"list"}
     binding = one(docs, "ClusterRoleBinding")
@@ -228,22 +244,31 @@ def test_namespaced_rbac_has_no_cluster_wide_rights():
         # Cluster-scoped resources make no sense in a Role and must not be there.
         assert not grants(rules, "", "nodes") and not grants(rules, "", "namespaces")
         assert not grants(rules, "apiextensions.k8s.io", "customresourcedefinitions")
+        assert not grants(rules, "", "secrets")
         assert bindings[ns]["subjects"][0]["namespace"] == NAMESPACE
         assert bindings[ns]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                            "name": "bt-batchtune"}
 
 
-@pytest.mark.parametrize("sets", [pytest.param((), id="cluster-wide"),
-                                  pytest.param(("watchNamespaces={a}",), id="namespaced")])
+@pytest.mark.parametrize("sets", [pytest.param(("prometheus.authSecretNamespaces={a}",), id="cluster-wide"),
+                                  pytest.param(("watchNamespaces={a}", "prometheus.authSecretNamespaces={a}"),
+                                               id="namespaced")])
 def test_rbac_is_least_privilege(sets):
     for doc in render(*sets):
         if doc["kind"] not in ("ClusterRole", "Role"):
             continue
         for rule in doc["rules"]:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
-            # Secrets are read one by one (authSecretRef), never listed or watched.
+            # Secrets are read one by one (authSecretRef), never listed or watched, and only by the
+            # Roles of prometheus.authSecretNamespaces.
             if "secrets" in rule["resources"]:
-                assert rule["verbs"] == ["get"]
+                assert rule["verbs"] == ["get"] and rule["resources"] == ["secrets"]
+                assert doc["kind"] == "Role" and doc["metadata"]["name"].endswith("-prometheus-token")
+            # Production is patched, never replaced; Jobs are never changed; nothing escalates or execs.
+            assert "update" not in grants([rule], "apps", "deployments")
+            assert not grants([rule], "batch", "jobs") & {"update", "patch"}
+            assert not any("/" in r and r != "batchtunings/status" for r in rule["resources"]), rule
+            assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "deletecollection"}, rule
             # The operator never deletes pods, nor anything in production other than its own trials.
             if "pods" in rule["resources"]:
                 assert "delete" not in rule["verbs"]
@@ -257,9 +282,110 @@ def test_rbac_rules_are_grouped_as_framework_and_application():
     assert role.index("# Application") < role.index("deployments")
 
 
-def test_secrets_are_not_granted_without_read_secrets():
-    rules = one(render("rbac.readSecrets=false"), "ClusterRole")["rules"]
-    assert not grants(rules, "", "secrets")
+@pytest.mark.parametrize("sets", [
+    pytest.param(("prometheus.authSecretNamespaces={a,b}",), id="cluster-wide"),
+    pytest.param(("watchNamespaces={a,b,c}", "prometheus.authSecretNamespaces={a,b}"), id="namespaced"),
+])
+def test_secrets_are_read_only_in_the_auth_secret_namespaces(sets):
+    docs = render(*sets)
+    roles = {d["metadata"]["namespace"]: d for d in docs
+             if d["kind"] == "Role" and d["metadata"]["name"] == "bt-batchtune-prometheus-token"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs
+                if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "bt-batchtune-prometheus-token"}
+    assert set(roles) == set(bindings) == {"a", "b"}
+    for ns, role in roles.items():
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+        assert bindings[ns]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                           "name": "bt-batchtune-prometheus-token"}
+        assert bindings[ns]["subjects"] == [{"kind": "ServiceAccount", "name": "bt-batchtune",
+                                             "namespace": NAMESPACE}]
+    secret_grants = [d["metadata"]["namespace"] for d in docs if d["kind"] in ("Role", "ClusterRole")
+                     and grants(d["rules"], "", "secrets")]
+    assert sorted(secret_grants) == ["a", "b"]
+
+
+def test_a_secret_namespace_the_operator_does_not_watch_is_refused():
+    argv = [_helm(), "template", "bt", str(CHART), "--kube-version", KUBE_VERSION.lstrip("v"),
+            "--set", "watchNamespaces={a}", "--set", "prometheus.authSecretNamespaces={a,b}"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "prometheus.authSecretNamespaces lists b, which watchNamespaces does not" in done.stderr, done.stderr
+
+
+# ---- the install's bounds on a BatchTuning ----------------------------------------------------
+
+@pytest.mark.parametrize("sets, present", [
+    pytest.param((), ["--max-gpu-minutes=2880"], id="defaults"),
+    pytest.param(("maxGpuMinutesPerTuning=10000000",), ["--max-gpu-minutes=10000000"], id="large-not-exponent"),
+    pytest.param(("load.allowedImages={registry.example.com/lg:1,registry.example.com/lg@sha256:" + "b" * 64 + "}",),
+                 ["--allowed-load-image=registry.example.com/lg:1",
+                  "--allowed-load-image=registry.example.com/lg@sha256:" + "b" * 64], id="load-images"),
+    pytest.param(("prometheus.allowedUrls={http://prom.monitoring.svc:9090,https://thanos.example.com/}",),
+                 ["--allowed-prometheus-url=http://prom.monitoring.svc:9090",
+                  "--allowed-prometheus-url=https://thanos.example.com/"], id="prometheus-urls"),
+])
+def test_bounds_are_passed_as_operator_flags(sets, present):
+    args = operator_container(render(*sets))["args"]
+    for arg in present:
+        assert arg in args, args
+    if not any(s.startswith("load.") for s in sets):
+        assert not [a for a in args if a.startswith("--allowed-load-image")], args
+    if not any(s.startswith("prometheus.") for s in sets):
+        assert not [a for a in args if a.startswith("--allowed-prometheus-url")], args
+
+
+def test_bound_flags_are_ones_the_operator_accepts():
+    """Each flag the chart passes parses with `batchtune operator`'s own argument parser."""
+    import argparse
+
+    from batchtune.cli import operator as cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers())
+    args = operator_container(render("load.allowedImages={r.example.com/a:1,r.example.com/b:2}",
+                                     "prometheus.allowedUrls={http://prom:9090/}",
+                                     "maxGpuMinutesPerTuning=90"))["args"]
+    ours = [a for a in args if a.startswith(("--allowed-", "--max-gpu-minutes", "--operator-image"))]
+    parsed = parser.parse_args(["operator", *ours])
+    assert parsed.allowed_load_image == ["r.example.com/a:1", "r.example.com/b:2"]
+    assert parsed.allowed_prometheus_url == ["http://prom:9090/"]
+    assert parsed.max_gpu_minutes == 90
+
+
+# ---- the admission policy -------------------------------------------------------------------------
+
+def test_admission_policy_matches_only_the_operator_and_denies_on_failure():
+    docs = render()
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["matchConditions"] == [{
+        "name": "from-the-operator",
+        "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:bt-batchtune'"}]
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["operations"])
+             for r in policy["spec"]["matchConstraints"]["resourceRules"]}
+    assert rules == {(("apps",), ("deployments",)): {"CREATE", "UPDATE", "DELETE"},
+                     (("batch",), ("jobs",)): {"CREATE", "UPDATE", "DELETE"}}
+    # Every validation names its reason for the person reading the denial.
+    for validation in policy["spec"]["validations"]:
+        assert validation.get("message") or validation.get("messageExpression"), validation
+
+
+def test_admission_policy_follows_the_service_account_name():
+    policy = one(render("serviceAccount.name=tuner"), "ValidatingAdmissionPolicy")
+    assert "'system:serviceaccount:batchtune-system:tuner'" in policy["spec"]["matchConditions"][0]["expression"]
+    policy = one(render("serviceAccount.create=false"), "ValidatingAdmissionPolicy")
+    assert "'system:serviceaccount:batchtune-system:default'" in policy["spec"]["matchConditions"][0]["expression"]
+
+
+def test_admission_policy_needs_kubernetes_1_30():
+    argv = [_helm(), "template", "bt", str(CHART), "--kube-version", "1.29.4"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode != 0 and "admissionPolicy.enabled needs Kubernetes 1.30" in done.stderr, done.stderr
+    argv += ["--set", "admissionPolicy.enabled=false"]
+    assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
 
 
 # ---- CRD lifecycle ---------------------------------------------------------------------
@@ -298,6 +424,16 @@ def test_crd_keep_annotation(keep, annotated):
     pytest.param("image.pullPolicy=Sometimes", "pullPolicy", id="enum"),
     pytest.param("health.port=70000", "port", id="port-range"),
     pytest.param("securityContext.privilegd=true", "privilegd", id="typo-in-security-context"),
+    pytest.param("rbac.readSecrets=true", "readSecrets", id="removed-read-secrets"),
+    pytest.param("admissionPolicy.enable=false", "enable", id="typo-in-admission-policy"),
+    pytest.param("load.allowedImage={x}", "allowedImage", id="typo-in-load"),
+    pytest.param("load.allowedImages={a;rm -rf}", "allowedImages", id="image-with-shell"),
+    pytest.param("prometheus.allowedUrls={http://prom}", "allowedUrls", id="prefix-without-port-or-slash"),
+    pytest.param("prometheus.allowedUrls={file:///etc/}", "allowedUrls", id="prefix-not-http"),
+    pytest.param("prometheus.authSecretNamespaces={Not_A_Namespace}", "authSecretNamespaces", id="secret-ns"),
+    pytest.param("prometheus.url=http://prom:9090", "url", id="unknown-prometheus-key"),
+    pytest.param("maxGpuMinutesPerTuning=0", "maxGpuMinutesPerTuning", id="gpu-minutes-zero"),
+    pytest.param("maxGpuMinutesPerTuning=1.5", "maxGpuMinutesPerTuning", id="gpu-minutes-fraction"),
 ])
 def test_schema_rejects_bad_values(bad_set, complaint):
     argv = [_helm(), "template", "bt", str(CHART), "--kube-version", KUBE_VERSION.lstrip("v"), "--set", bad_set]

@@ -15,10 +15,10 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from fake_world import FakeCluster, World, production_target, reset_backoff, spec
 
 from batchtune.controller.reconcile import reconcile
 from batchtune.core.production import AppliedMark, MarkState
-from fake_world import FakeCluster, World, production_target, reset_backoff, spec
 
 TERMINAL = {"Succeeded", "Failed", "RolledBack", "Recommended"}
 SEEDS = range(20)
