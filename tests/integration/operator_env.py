@@ -11,8 +11,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -99,7 +100,7 @@ class Operator:
         port = _free_port()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), BATCHTUNE_SCRAPE_LAG_SECONDS="5")
         self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "w")
+        log = open(self.log_dir / f"operator-{self.starts}.log", "w")  # noqa: SIM115  # the operator's stdout while it runs
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchtune", "operator", "-n", self.namespace, "--tick-seconds", "1",
              "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", ""],

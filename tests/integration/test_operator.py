@@ -14,12 +14,22 @@ import time
 from pathlib import Path
 
 import pytest
+from operator_env import (
+    MODEL,
+    PRODUCTION_ARGS,
+    Operator,
+    Traffic,
+    batchtuning,
+    condition,
+    container_of,
+    get_bt,
+    grant_operator_rbac,
+    production,
+    wait_phase,
+)
 
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.predict import Workload, predict
-
-from operator_env import (MODEL, PRODUCTION_ARGS, Operator, Traffic, batchtuning, condition, container_of,
-                          get_bt, grant_operator_rbac, production, wait_phase)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
