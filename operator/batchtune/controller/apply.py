@@ -14,7 +14,7 @@ from datetime import timedelta
 from batchtune.api import AppliedRecord
 from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import telemetry
-from batchtune.controller.ports import Conflict, NotAllowed
+from batchtune.controller.ports import Conflict
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick, iso
 from batchtune.controller.trials import target_changed
@@ -88,9 +88,6 @@ def apply(tick: Tick) -> None:
         try:
             before = tick.reader(target.engine).production_window(
                 tick.production(target), tick.now - timedelta(seconds=max(60, tick.spec.apply.verify_seconds)), tick.now)
-        except NotAllowed as exc:
-            tick.not_allowed(exc)
-            return
         except PrometheusUnavailable as exc:
             tick.prometheus_down(exc)
             return
@@ -169,9 +166,6 @@ def verify(tick: Tick) -> None:
         return
     try:
         after = tick.reader(target.engine).production_window(tick.production(target), start, end)
-    except NotAllowed as exc:
-        tick.not_allowed(exc)
-        return
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         if verifying.window_state(rules, start, end, None) is Next.INCONCLUSIVE:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from batchtune.api import ContainerArgs, Knee, Recommendation, Setting
 from batchtune.controller import telemetry
-from batchtune.controller.ports import NotAllowed
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Tick
 from batchtune.controller.trials import outcome_of
@@ -54,9 +53,6 @@ def select(tick: Tick) -> None:
         return
     try:
         peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
-    except NotAllowed as exc:
-        tick.not_allowed(exc)
-        return
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         return

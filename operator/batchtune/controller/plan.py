@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from batchtune.api import Baseline, EngineLimitsRecord, PlanRecord, PrunedSetting, Setting, WorkloadRecord
-from batchtune.controller.ports import NotAllowed
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
@@ -65,9 +64,6 @@ def plan(tick: Tick) -> None:
     try:
         reader = tick.reader(engine)
         reader.ping()
-    except NotAllowed as exc:
-        tick.not_allowed(exc)
-        return
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         tick.status.phase = Phase.PLANNING

@@ -20,7 +20,7 @@ from batchtune.controller import apply as applying
 from batchtune.controller import status as status_io
 from batchtune.controller.decide import select
 from batchtune.controller.plan import plan
-from batchtune.controller.ports import Conflict, Ports
+from batchtune.controller.ports import Conflict, NotAllowed, Ports
 from batchtune.controller.tick import Log, Tick, Tuning
 from batchtune.controller.trials import trials
 from batchtune.core.production import Restore
@@ -61,7 +61,10 @@ def step(tick: Tick) -> None:
     if observed is None:
         tick.status.observed_generation = tick.tuning.generation
         tick.status.phase = Phase.PENDING
-    STEPS[tick.phase](tick)
+    try:
+        STEPS[tick.phase](tick)
+    except NotAllowed as exc:  # the install refuses the spec's Prometheus URL or Secret, in any phase
+        tick.not_allowed(exc)
 
 
 def restart(tick: Tick) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord
 from batchtune.api.models import BatchTuningSpec
-from batchtune.controller.ports import NotAllowed, Owned
+from batchtune.controller.ports import Owned
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import measurement, protocol
@@ -315,9 +315,6 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         values = tick.reader(target.engine).trial_run(tick.tuning.namespace, str(pod["metadata"]["name"]),
                                                       tick.status.plan.served_model if tick.status.plan else None,
                                                       window)
-    except NotAllowed as exc:
-        tick.not_allowed(exc)
-        return
     except PrometheusUnavailable as exc:
         # Keep the Job: its window stays in Prometheus' storage for when it comes back, up to a deadline.
         tick.prometheus_down(exc)
