@@ -62,11 +62,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--allow-non-loopback", action="store_true", help="allow targets outside 127.0.0.0/8")
     parser.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /v1/models")
     parser.add_argument("--quiet", action="store_true", help="do not print the text report")
+    parser.add_argument("--summarize-result", metavar="FILE", default=None,
+                        help="send no load: summarize a `vllm bench serve --save-result` FILE into the termination "
+                             "message (the VllmBench generator's second container)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from batchtune.loadgen import LoadSpec
+
+    if args.summarize_result:
+        return summarize(args.summarize_result, args.termination_message_path)
 
     try:
         spec = LoadSpec(
@@ -121,10 +127,49 @@ def execute(spec: Any, *, result_file: str | None, termination_path: str | None,
         _write(result_file, json.dumps(result, indent=2))
     if termination:
         _write(termination, compact_summary(result))
-    if result["completed"] == 0:
-        print("error: no request completed inside the measurement window", file=sys.stderr)
+    if not result.get("samples"):
+        # Nothing was sent inside the window: no figure can stand. An overloaded run (requests sent,
+        # none finished) is a measurement, not a failure: its percentiles say how slow it was.
+        print("error: no request was sent inside the measurement window", file=sys.stderr)
         return 1
     return 0
+
+
+def summarize(path: str, termination_path: str | None) -> int:
+    """The compact summary of a `vllm bench serve` result file, with its window in wall-clock seconds.
+
+    vLLM writes `date` (local time, second resolution) when the benchmark ends and `duration` (the
+    benchmark's own length, warm-ups excluded): the window is [date - duration, date]. Every request
+    of a bench run finishes before it ends, so none is in flight.
+    """
+    import json
+    from datetime import datetime
+
+    from batchtune.loadgen import compact_summary
+
+    termination = os.environ.get(TERMINATION_ENV) or termination_path or None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            result = json.load(fh)
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        completed = int(result.get("completed") or 0)
+        result.setdefault("samples", completed)
+        result.setdefault("in_flight", 0)
+        if "measure_end" not in result and result.get("date") and result.get("duration"):
+            end = datetime.strptime(str(result["date"]), "%Y%m%d-%H%M%S").astimezone().timestamp()
+            result["measure_end"] = end
+            result["measure_start"] = end - float(result["duration"])
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        if termination:
+            _write(termination, json.dumps({"error": f"{path}: {exc}"[:3500]}))
+        return 2
+    text = compact_summary(result)
+    if termination:
+        _write(termination, text)
+    print(text)
+    return 0 if result.get("samples") else 1
 
 
 def _write(path: str, text: str) -> None:

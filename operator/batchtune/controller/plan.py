@@ -22,7 +22,13 @@ def spec_problems(tick: Tick, target: Target) -> list[str]:
     """What the install or the engine refuses in the spec (extra args, load image)."""
     assert tick.spec is not None
     problems = target.engine.check_extra_args(tick.spec.search_space.extra_args or [])
-    image = load_image_problem(tick.spec.load.image, tick.ports.install.operator_image, tick.ports.install.load_images)
+    allowed = list(tick.ports.install.load_images)
+    if tick.spec.load.generator.value == "VllmBench":
+        allowed.append(str(target.container.get("image", "")))  # the engine's own bench, from production's image
+        if target.engine.bench_argv("http://x", "m", None, 1, 1, 1, None, 1, 1, 0, "/tmp", "r.json") is None:
+            problems.append(f"spec.load.generator VllmBench: {target.engine.display} has no benchmark client; "
+                            "use Builtin")
+    image = load_image_problem(tick.spec.load.image, tick.ports.install.operator_image, allowed)
     if image:
         problems.append(image)
     return problems

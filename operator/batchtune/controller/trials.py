@@ -20,7 +20,14 @@ from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import measurement, protocol
 from batchtune.core.gpus import container_gpus, eligible_nodes, node_usage, trials_that_fit
-from batchtune.core.manifests import LoadProfile, build_load_job, build_trial_deployment, load_job_name, trial_name
+from batchtune.core.manifests import (
+    LoadProfile,
+    build_bench_job,
+    build_load_job,
+    build_trial_deployment,
+    load_job_name,
+    trial_name,
+)
 from batchtune.core.objective import Objective, objective_value
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome
 from batchtune.core.planning import EngineLimits, SearchSpace
@@ -394,10 +401,18 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         duration_seconds=None if load.num_prompts else spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
         percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps))
-    image = load.image or tick.ports.install.operator_image
     model = tick.status.plan.served_model if tick.status.plan and tick.status.plan.served_model else ""
-    job = build_load_job(tick.tuning.name, tick.tuning.uid, tick.tuning.namespace, trial.index, name, image=image,
-                         base_url=f"http://{trial.pod_ip}:{trial.port}", model=model, profile=profile)
+    base_url = f"http://{trial.pod_ip}:{trial.port}"
+    operator_image = tick.ports.install.operator_image
+    if load.generator.value == "VllmBench":
+        tokenizer = tick.status.plan.model if tick.status.plan else None
+        job = build_bench_job(target.engine, tick.tuning.name, tick.tuning.uid, tick.tuning.namespace, trial.index,
+                              name, image=load.image or str(target.container.get("image", "")),
+                              operator_image=operator_image, base_url=base_url, model=model, tokenizer=tokenizer,
+                              profile=profile)
+    else:
+        job = build_load_job(tick.tuning.name, tick.tuning.uid, tick.tuning.namespace, trial.index, name,
+                             image=load.image or operator_image, base_url=base_url, model=model, profile=profile)
     tick.ports.cluster.create(job)
 
 

@@ -255,6 +255,82 @@ def restricted_security_context() -> dict[str, Any]:
     }
 
 
+def _job(bt_name: str, bt_uid: str, namespace: str, trial_index: int, name: str, profile: LoadProfile,
+         containers: list[dict[str, Any]], init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    labels = trial_labels(bt_name, trial_index, COMPONENT_LOAD)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": containers,
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
+                     "ownerReferences": [owner_reference(bt_name, bt_uid)]},
+        "spec": {"backoffLimit": 0, "activeDeadlineSeconds": profile.bound_seconds(),
+                 "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec}},
+    }
+
+
+def _container(name: str, image: str, command: list[str], args: list[str]) -> dict[str, Any]:
+    return {
+        "name": name, "image": image, "command": command, "args": args,
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": restricted_security_context(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def build_bench_job(
+    engine: Engine,
+    bt_name: str,
+    bt_uid: str,
+    namespace: str,
+    trial_index: int,
+    name: str,
+    *,
+    image: str,
+    operator_image: str,
+    base_url: str,
+    model: str,
+    tokenizer: str | None,
+    profile: LoadProfile,
+) -> dict[str, Any]:
+    """The engine's own benchmark (VllmBench: `vllm bench serve` from the target's image) for one load run.
+
+    The benchmark runs as an init container and saves its result JSON in /tmp; the operator's image
+    then summarises it into the termination message (`batchtune loadgen --summarize-result`). No shell
+    is involved. A bench run is bounded by its request count (`load.numPrompts`, else ten per
+    concurrent request, at least 100) and by the Job's deadline.
+    """
+    prompts = profile.num_prompts
+    if prompts is None:
+        if profile.requests_per_minute is not None:
+            prompts = max(100, profile.requests_per_minute * (profile.duration_seconds or 60) // 60)
+        else:
+            prompts = max(100, 10 * (profile.concurrency or 1))
+    warmups = profile.concurrency or 1
+    argv = engine.bench_argv(base_url, model, tokenizer, profile.input_tokens, profile.output_tokens,
+                             profile.concurrency, profile.requests_per_minute, prompts, warmups, profile.seed,
+                             "/tmp", "result.json")
+    if argv is None:
+        raise ValueError(f"{engine.display} has no benchmark client of its own; use spec.load.generator: Builtin")
+    bench = _container("bench", image, argv[:1], argv[1:])
+    summary = _container("summary", operator_image, ["batchtune"],
+                         ["loadgen", "--summarize-result", "/tmp/result.json",
+                          "--termination-message-path", TERMINATION_LOG])
+    return _job(bt_name, bt_uid, namespace, trial_index, name, profile, [summary], [bench])
+
+
 def build_load_job(
     bt_name: str,
     bt_uid: str,
@@ -272,39 +348,5 @@ def build_load_job(
     `image` is the operator's own image, running `batchtune loadgen ...`, which writes its summary
     JSON (with its own measurement window) to the termination message.
     """
-    labels = trial_labels(bt_name, trial_index, COMPONENT_LOAD)
-    container = {
-        "name": "loadgen", "image": image, "command": ["batchtune"],
-        "args": _builtin_args(base_url, model, profile),
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-        "securityContext": restricted_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels),
-            "ownerReferences": [owner_reference(bt_name, bt_uid)],
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": profile.bound_seconds(),
-            "template": {
-                "metadata": {"labels": dict(labels)},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
-                },
-            },
-        },
-    }
+    container = _container("loadgen", image, ["batchtune"], _builtin_args(base_url, model, profile))
+    return _job(bt_name, bt_uid, namespace, trial_index, name, profile, [container])

@@ -205,6 +205,14 @@ class Engine(ABC):
                                 f"allowed: {', '.join('--' + f for f in sorted(self.safe_extra_flags))}")
         return problems
 
+    # ---- the engine's own load generator ----------------------------------------------------
+
+    def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
+                   concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
+                   seed: int, result_dir: str, result_file: str) -> list[str] | None:
+        """The command of the engine's own benchmark client for one load run, or None when it has none."""
+        return None
+
     # ---- the engine's limits ------------------------------------------------------------------
 
     def limits(self, invocation: Invocation) -> EngineLimits:

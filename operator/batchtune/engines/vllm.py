@@ -219,6 +219,24 @@ class Vllm(Engine):
                     "max_num_batched_tokens or decrease max_model_len.")
         return None
 
+    def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
+                   concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
+                   seed: int, result_dir: str, result_file: str) -> list[str] | None:
+        """`vllm bench serve` (random dataset) for one load run, its result JSON saved under result_dir."""
+        argv = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--model", model,
+                "--dataset-name", "random", "--random-input-len", str(input_tokens),
+                "--random-output-len", str(output_tokens), "--ignore-eos", "--num-prompts", str(num_prompts),
+                "--num-warmups", str(warmups), "--seed", str(seed),
+                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+                "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
+        if tokenizer:
+            argv += ["--tokenizer", tokenizer]
+        if concurrency is not None:
+            argv += ["--max-concurrency", str(concurrency)]
+        if requests_per_minute is not None:
+            argv += ["--request-rate", f"{requests_per_minute / 60:.6g}"]
+        return argv
+
     def parse_argv(self, argv: list[str]) -> tuple[str | None, dict[str, str | None], list[str]]:
         """A bare `vllm serve MODEL ...` argv (no container) -> (model, canonical flags, extra positionals)."""
         container = {"name": "vllm", "command": list(argv)} if self.entry(list(argv)) else \
