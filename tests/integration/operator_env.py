@@ -98,7 +98,8 @@ class Operator:
 
     def start(self) -> None:
         port = _free_port()
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), BATCHTUNE_SCRAPE_LAG_SECONDS="5")
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), BATCHTUNE_SCRAPE_LAG_SECONDS="5",
+                   BATCHTUNE_SCRAPE_INTERVAL_SECONDS="2")  # the local cluster's Prometheus scrapes every 2 s
         self.starts += 1
         log = open(self.log_dir / f"operator-{self.starts}.log", "w")  # noqa: SIM115  # the operator's stdout while it runs
         self.proc = subprocess.Popen(

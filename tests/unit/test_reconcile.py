@@ -454,3 +454,13 @@ def test_the_objective_decides_which_setting_wins(objective, best):
     w.model = model
     assert w.run_until(TERMINAL) == "Recommended"
     assert w.status["recommendation"]["setting"]["maxNumSeqs"] == best
+
+
+def test_a_window_prometheus_cannot_resolve_is_refused_up_front():
+    from batchtune.controller.ports import Install
+
+    w = world(trial={"measureSeconds": 10})
+    assert w.run_until(TERMINAL, install=Install(operator_image="batchtune:test", scrape_interval_seconds=15)) == \
+        "Failed"
+    assert w.condition("Failed")["reason"] == "MeasurementWindowTooShort"
+    assert "spec.trial.measureSeconds" in w.condition("Failed")["message"] and w.created == []

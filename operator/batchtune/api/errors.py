@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +22,40 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
+# C0 and C1 controls, DEL, lone surrogates (unprintable in UTF-8), line/paragraph separators and the
+# bidirectional overrides and isolates (they reorder what follows on the line: "Trojan Source").
+_UNPRINTABLE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_UNPRINTABLE_TEXT = re.compile(f"[{_UNPRINTABLE}]")
+_UNPRINTABLE_LINE = re.compile(f"[\t\n{_UNPRINTABLE}]")
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: Any, multiline: bool = False) -> str:
+    """`value` as text that is safe to print on a terminal: every control character shown as an escape.
+
+    ESC (so colour, cursor, screen-clearing and window-title sequences), CR, BEL, DEL, C1 controls, lone
+    surrogates and the bidirectional controls become `\\x1b`, `\\r`, `\\u202e` and so on; newline and tab
+    too, unless `multiline`. The one helper for anything printed from a file or a cluster object.
+    """
+    text = value if isinstance(value, str) else str(value)
+    return (_UNPRINTABLE_TEXT if multiline else _UNPRINTABLE_LINE).sub(_escape, text)
+
+
 def render_value(value: Any, limit: int = 80) -> str:
-    """A value as the user wrote it (JSON-like), cut to `limit` characters."""
+    """A value as the user wrote it (JSON-like), cut to `limit` characters; control characters escaped."""
     try:
         text = json.dumps(value, default=str, sort_keys=False)
     except (TypeError, ValueError):
         text = repr(value)
+    text = printable(text)  # json.dumps escapes C0 and non-ASCII, but not DEL; repr may leave others
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -42,10 +71,13 @@ class FieldError:
     """What is wrong, in words."""
 
     def __str__(self) -> str:
-        where = self.path or "(object)"
+        message = printable(self.message)
+        if not self.path and self.value is MISSING:
+            return message  # about the file or document as a whole
+        where = printable(self.path) or "(object)"
         if self.value is MISSING:
-            return f"{where}: {self.message}"
-        return f"{where}: {self.message} (got {render_value(self.value)})"
+            return f"{where}: {message}"
+        return f"{where}: {message} (got {render_value(self.value)})"
 
 
 class InvalidBatchTuning(Exception):
@@ -57,7 +89,7 @@ class InvalidBatchTuning(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        head = f"{self.source}: " if self.source else ""
+        head = f"{printable(self.source)}: " if self.source else ""
         lines = [f"invalid BatchTuning ({len(self.errors)} error{'s' if len(self.errors) != 1 else ''})"]
         lines += [f"  {e}" for e in self.errors]
         return head + "\n".join(lines)
@@ -81,7 +113,9 @@ def join_path(parts: tuple[str | int, ...] | list[str | int]) -> str:
 
 def _lookup(data: Any, loc: tuple[str | int, ...]) -> Any:
     for part in loc:
-        if isinstance(data, dict) and part in data:
+        if isinstance(data, dict):
+            if part not in data:
+                return MISSING
             data = data[part]
         elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
             data = data[part]

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchtune.cli.status import add_common_arguments
+from batchtune.cli.terminal import clean, safe
 
 # -o value -> (status.recommendation field, what it is)
 FORMATS = {
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         bt = kube.get_batchtuning(kube.namespace(args.namespace), args.name)
         text, note = recommendation_text(bt, args.output)
     except (CliError, NoRecommendation) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe(exc)}", file=sys.stderr)
         return 1
     print(note, file=sys.stderr)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -52,9 +53,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
-    """(the patch for stdout, a one-line note for stderr), or NoRecommendation saying why not."""
+    """(the patch for stdout, a one-line note for stderr), or NoRecommendation saying why not.
+
+    Both are safe to print: control characters from the object are escaped (a patch keeps its newlines,
+    each arg of -o args and the note stay on their line).
+    """
     from batchtune.cli.status import phase_of, setting_label
 
+    bt = clean(bt)
     meta = bt.get("metadata") or {}
     where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     status = bt.get("status") or {}
@@ -74,8 +80,8 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
         available = [name for name, (f, _) in FORMATS.items() if rec.get(f)]
         raise NoRecommendation(f"BatchTuning {where} has no {what} (status.recommendation.{field} is empty)"
                                + (f"; available: -o {', -o '.join(available)}" if available else ""))
-    text = "\n".join(str(a) for a in value) if isinstance(value, list) else str(value)
-    note = f"# {setting_label(rec.get('setting'))}: {rec.get('reason', '')}"
+    text = "\n".join(safe(a) for a in value) if isinstance(value, list) else safe(value, multiline=True)
+    note = f"# {setting_label(rec.get('setting'))}: {safe(rec.get('reason', ''))}"
     if phase == "RolledBack":
         note += "\n# warning: this setting was applied and rolled back on production (see `batchtune status`)"
     return text, note

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from batchtune.cli.status import add_common_arguments
+from batchtune.cli.terminal import safe, text
 
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
 
@@ -41,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
         bt = kube.get_batchtuning(namespace, args.name)
         stored = kube.get_report(namespace, args.name) or {}
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe(exc)}", file=sys.stderr)
         return 1
     files, source = report_files(bt, stored)
     out_dir = args.out or Path(f"{args.name}-report")
     try:
         paths = write_files(out_dir, files)
     except OSError as exc:
-        print(f"error: cannot write the report into {out_dir}: {exc}", file=sys.stderr)
+        print(f"error: cannot write the report into {safe(out_dir)}: {safe(exc)}", file=sys.stderr)
         return 1
     console = st.console()
     now = datetime.now(UTC)
@@ -63,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
         console.print()
         console.print(made)
     console.print()
-    console.print(f"Report ({source}):")
+    console.print(text(f"Report ({source}):"))
     for path in paths:
-        console.print(f"  {path}")
+        console.print(text(f"  {path}"))
     return 0
 
 

@@ -1,7 +1,9 @@
 """`batchtune status NAME [--watch]`: where a BatchTuning is, its trials, conditions and decision.
 
 The render functions here take the BatchTuning as the API returns it (a dict) and build rich
-renderables; `report` reuses them. Heavy imports stay inside functions so `batchtune --help` is fast.
+renderables; `report` reuses them. Every string from the object reaches the terminal through
+`batchtune.cli.terminal` (control characters escaped, never parsed as rich markup). Heavy imports
+stay inside functions so `batchtune --help` is fast.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+from batchtune.cli.terminal import clean, safe, text
 
 TERMINAL_PHASES = ("Succeeded", "Recommended", "RolledBack", "Failed")
 SUCCESSFUL_PHASES = ("Succeeded", "Recommended")
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         return watch(lambda: kube.get_batchtuning(namespace, args.name), bt, args.interval)
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe(exc)}", file=sys.stderr)
         return 1
 
 
@@ -76,7 +80,7 @@ def watch(fetch: Any, bt: Mapping[str, Any], interval: float) -> int:
                 live.update(render_status(bt, datetime.now(UTC)))
             except ApiUnreachable as exc:
                 live.update(Group(render_status(bt, datetime.now(UTC)),
-                                  Text(f"(stale: {exc}; retrying)", style="yellow")))
+                                  Text(f"(stale: {safe(exc)}; retrying)", style="yellow")))
     return 0 if phase_of(bt) in SUCCESSFUL_PHASES else 1
 
 
@@ -103,7 +107,7 @@ def fmt(value: Any, digits: int = 0) -> str:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        return str(value)
+        return safe(value)
     if number != number:  # NaN
         return "-"
     return f"{number:,.{digits}f}"
@@ -112,20 +116,22 @@ def fmt(value: Any, digits: int = 0) -> str:
 def setting_label(setting: Mapping[str, Any] | None) -> str:
     if not setting:
         return "-"
-    text = f"max-num-seqs {setting.get('maxNumSeqs')}, gpu-memory-utilization {setting.get('gpuMemoryUtilizationPercent')}%"
+    label = f"max-num-seqs {setting.get('maxNumSeqs')}, gpu-memory-utilization {setting.get('gpuMemoryUtilizationPercent')}%"
     if setting.get("maxNumBatchedTokens"):
-        text += f", max-num-batched-tokens {setting['maxNumBatchedTokens']}"
-    return text
+        label += f", max-num-batched-tokens {setting['maxNumBatchedTokens']}"
+    return safe(label)
 
 
 def age(timestamp: str | None, now: datetime) -> str:
     if not timestamp:
         return "-"
+    if not isinstance(timestamp, str):
+        return safe(timestamp)
     try:
         then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return timestamp
-    seconds = max(0, int((now - then).total_seconds()))
+        seconds = max(0, int((now - then).total_seconds()))
+    except (TypeError, ValueError):  # unparsable, or without a time zone
+        return safe(timestamp)
     if seconds < 120:
         return f"{seconds}s"
     if seconds < 7200:
@@ -136,21 +142,22 @@ def age(timestamp: str | None, now: datetime) -> str:
 
 
 def _why(trial: Mapping[str, Any]) -> str:
+    """Why the trial ended as it did, on one line (an engine message's newlines shown as \\n)."""
     if trial.get("state") == "Done":
-        return trial.get("verdictReason") or trial.get("message") or ""
+        return safe(trial.get("verdictReason") or trial.get("message") or "")
     reason, message = trial.get("reason"), trial.get("message")
     if reason and message:
-        return f"{reason}: {message}"
-    return reason or message or ""
+        return safe(f"{reason}: {message}")
+    return safe(reason or message or "")
 
 
 def trials_table(bt: Mapping[str, Any]) -> Any:
     """One row per trial: setting, state, verdict, the measured figures, and why."""
     from rich.table import Table
-    from rich.text import Text
 
+    bt = clean(bt)
     status = bt.get("status") or {}
-    trials = sorted(status.get("trials") or [], key=lambda t: t.get("index", 0))
+    trials = sorted(status.get("trials") or [], key=_index)
     percentile = str(((bt.get("spec") or {}).get("slo") or {}).get("percentile") or "P95").lower()
     best = status.get("bestTrial")
     knee = (status.get("knee") or {}).get("maxNumSeqs")
@@ -168,6 +175,7 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     table.add_column("SLO")
     table.add_column("out tok/s", justify="right")
     table.add_column("req/s", justify="right")
+    percentile = safe(percentile)
     table.add_column(f"TTFT {percentile} ms", justify="right")
     table.add_column(f"ITL {percentile} ms", justify="right")
     table.add_column(f"E2E {percentile} ms", justify="right")
@@ -184,47 +192,56 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
             marks.append("★ best")
         if knee and setting.get("maxNumSeqs") == knee:
             marks.append("◆ knee")
-        state = trial.get("state") or "Pending"
-        verdict = trial.get("verdict") or ""
-        row: list[str | Text] = [str(trial.get("index", "")), " ".join(marks), str(setting.get("maxNumSeqs", "-")),
-               str(setting.get("gpuMemoryUtilizationPercent", "-"))]
+        state = str(trial.get("state") or "Pending")
+        verdict = str(trial.get("verdict") or "")
+        cells: list[Any] = [trial.get("index", ""), " ".join(marks), setting.get("maxNumSeqs", "-"),
+                            setting.get("gpuMemoryUtilizationPercent", "-")]
         if with_mbt:
-            row.append(str(setting.get("maxNumBatchedTokens") or "-"))
-        row += [Text(state, style=_STATE_STYLE.get(state, "")), Text(verdict, style=_VERDICT_STYLE.get(verdict, "")),
-                fmt(metrics.get("outputThroughput")), fmt(metrics.get("requestThroughput"), 2),
-                fmt(metrics.get("ttftMs")), fmt(metrics.get("itlMs"), 1), fmt(metrics.get("e2eMs")),
-                fmt(metrics.get("gpuUtilPercent")), fmt(metrics.get("kvCacheUsagePercent"))]
+            cells.append(setting.get("maxNumBatchedTokens") or "-")
+        row = [text(cell) for cell in cells]
+        row += [text(state, _STATE_STYLE.get(state, "")), text(verdict, _VERDICT_STYLE.get(verdict, ""))]
+        figures = [fmt(metrics.get("outputThroughput")), fmt(metrics.get("requestThroughput"), 2),
+                   fmt(metrics.get("ttftMs")), fmt(metrics.get("itlMs"), 1), fmt(metrics.get("e2eMs")),
+                   fmt(metrics.get("gpuUtilPercent")), fmt(metrics.get("kvCacheUsagePercent"))]
         if with_capacity:
-            row.append(fmt(metrics.get("sloCapacity"), 1))
+            figures.append(fmt(metrics.get("sloCapacity"), 1))
+        row += [text(figure) for figure in figures]
         table.add_row(*row, style="bold" if best and trial.get("name") == best else None)
     if not trials:
         table.add_row(*(["", "", "(no trial yet)"] + [""] * (len(table.columns) - 3)))
     return table
 
 
+def _index(trial: Mapping[str, Any]) -> int:
+    """Sort key of a trial: its index, and a malformed one last rather than a crash."""
+    index = trial.get("index", 0)
+    return index if isinstance(index, int) and not isinstance(index, bool) else 1 << 62
+
+
 def trial_notes(bt: Mapping[str, Any]) -> Any:
     """Why each trial ended as it did, one line per trial under the table (too long for a cell)."""
     from rich.text import Text
 
+    bt = clean(bt)
     status = bt.get("status") or {}
-    text = Text()
-    for trial in sorted(status.get("trials") or [], key=lambda t: t.get("index", 0)):
+    notes = Text()
+    for trial in sorted(status.get("trials") or [], key=_index):
         why = _why(trial)
         if not why:
             continue
-        if text.plain:
-            text.append("\n")
+        if notes.plain:
+            notes.append("\n")
         style = "green" if status.get("bestTrial") == trial.get("name") else (
             "red" if trial.get("state") in ("Infeasible", "Failed") else "")
-        text.append(f"  #{trial.get('index', '?')} ", style="bold")
-        text.append(why, style=style)
-    return text
+        notes.append(f"  #{safe(trial.get('index', '?'))} ", style="bold")
+        notes.append(why, style=style)
+    return notes
 
 
 def conditions_table(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.table import Table
-    from rich.text import Text
 
+    bt = clean(bt)
     table = Table(title="Conditions", title_justify="left", header_style="bold", pad_edge=False)
     for column in ("type", "status", "reason", "age"):
         table.add_column(column, no_wrap=True)
@@ -232,8 +249,8 @@ def conditions_table(bt: Mapping[str, Any], now: datetime) -> Any:
     for cond in (bt.get("status") or {}).get("conditions") or []:
         value = cond.get("status", "")
         bad = (cond.get("type") in ("Failed", "Degraded")) == (value == "True")
-        table.add_row(cond.get("type", ""), Text(value, style="red" if bad else "green"), cond.get("reason", ""),
-                      age(cond.get("lastTransitionTime"), now), cond.get("message", ""))
+        table.add_row(text(cond.get("type", "")), text(value, "red" if bad else "green"), text(cond.get("reason", "")),
+                      text(age(cond.get("lastTransitionTime"), now)), text(cond.get("message", ""), multiline=True))
     return table
 
 
@@ -244,20 +261,21 @@ def header(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    bt = clean(bt)
     meta = bt.get("metadata") or {}
     spec = bt.get("spec") or {}
     status = bt.get("status") or {}
-    phase = phase_of(bt)
+    phase = safe(phase_of(bt))
     progressing: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Progressing"), {})
     title = Text.assemble(
-        ("BatchTuning ", "bold"), (f"{meta.get('namespace', '')}/{meta.get('name', '')}", "bold cyan"),
-        "  target Deployment ", (str((spec.get("targetRef") or {}).get("name", "-")), "cyan"),
+        ("BatchTuning ", "bold"), (safe(f"{meta.get('namespace', '')}/{meta.get('name', '')}"), "bold cyan"),
+        "  target Deployment ", (safe((spec.get("targetRef") or {}).get("name", "-")), "cyan"),
         "  phase ", (phase, _PHASE_STYLE.get(phase, "bold yellow")),
-        (f" ({progressing['reason']})" if progressing.get("reason") else "", "dim"),
+        (f" ({safe(progressing['reason'])})" if progressing.get("reason") else "", "dim"),
         f"  age {age(meta.get('creationTimestamp'), now)}",
     )
-    planned = int(status.get("trialsPlanned") or 0)
-    done = int(status.get("trialsCompleted") or 0)
+    planned = _count(status.get("trialsPlanned"))
+    done = _count(status.get("trialsCompleted"))
     running = sum(1 for t in status.get("trials") or [] if t.get("state") in ("Deploying", "Warming", "Measuring"))
     grid = Table.grid(padding=(0, 1))
     grid.add_row(Text("trials", style="bold"), ProgressBar(total=max(planned, 1), completed=min(done, planned or 1),
@@ -268,62 +286,70 @@ def header(bt: Mapping[str, Any], now: datetime) -> Any:
         lines.append(Text("no status yet: the operator has not picked this BatchTuning up (is it running? "
                           "kubectl get pods -A -l app.kubernetes.io/name=batchtune)", style="yellow"))
     if status.get("bestSetting"):
-        lines.append(Text.assemble(("best  ", "bold"), (str(status["bestSetting"]), "green"),
-                                   f"  (trial {status.get('bestTrial', '-')})"))
+        lines.append(Text.assemble(("best  ", "bold"), (safe(status["bestSetting"]), "green"),
+                                   f"  (trial {safe(status.get('bestTrial', '-'))})"))
     pruned = status.get("pruned") or []
     if pruned:
         sample = "; ".join(f"{setting_label(p.get('setting'))}: {p.get('message') or p.get('reason', '')}" for p in pruned[:2])
-        lines.append(Text(f"pruned before any GPU was used: {len(pruned)} setting(s), e.g. {sample}", style="dim"))
+        lines.append(text(f"pruned before any GPU was used: {len(pruned)} setting(s), e.g. {sample}", "dim"))
     return Group(*lines)
+
+
+def _count(value: Any) -> int:
+    """A trial count from status; what is not a non-negative integer counts as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def decision(bt: Mapping[str, Any]) -> Any:
     """The decision with its reasons: setting, knee, replicas hint, and what happened in production."""
     from rich.text import Text
 
+    bt = clean(bt)
     status = bt.get("status") or {}
-    phase = phase_of(bt)
+    phase = safe(phase_of(bt))
     rec = status.get("recommendation") or {}
     knee = status.get("knee") or {}
     applied = status.get("applied") or {}
-    text = Text()
+    made = Text()
     if rec:
-        text.append("Decision: ", style="bold")
-        text.append(setting_label(rec.get("setting")), style="bold green")
+        made.append("Decision: ", style="bold")
+        made.append(setting_label(rec.get("setting")), style="bold green")
         if status.get("bestTrial"):
-            text.append(f"  (trial {status['bestTrial']})")
-        text.append("\n  why: ", style="bold")
-        text.append(str(rec.get("reason", "")))
-        if rec.get("args"):
-            text.append("\n  args: ", style="bold")
-            text.append(" ".join(str(a) for a in rec["args"]))
+            made.append(f"  (trial {safe(status['bestTrial'])})")
+        made.append("\n  why: ", style="bold")
+        made.append(safe(rec.get("reason", ""), multiline=True))
+        if isinstance(rec.get("args"), list) and rec["args"]:
+            made.append("\n  args: ", style="bold")
+            made.append(" ".join(safe(a) for a in rec["args"]))
         if rec.get("replicasHint"):
-            text.append("\n  replicas: ", style="bold")
-            text.append(f"{rec['replicasHint']} would serve production's current load at this setting")
+            made.append("\n  replicas: ", style="bold")
+            made.append(f"{safe(rec['replicasHint'])} would serve production's current load at this setting")
     elif phase == "Failed":
         failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
-        text.append("No decision: ", style="bold red")
-        text.append(f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}")
+        made.append("No decision: ", style="bold red")
+        made.append(safe(f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}", multiline=True))
     if knee:
-        text.append("\n  knee: ", style="bold")
-        text.append(f"max-num-seqs {knee.get('maxNumSeqs')}: {knee.get('reason', '')}")
+        made.append("\n  knee: ", style="bold")
+        made.append(safe(f"max-num-seqs {knee.get('maxNumSeqs')}: {knee.get('reason', '')}"))
     if applied.get("appliedAt"):
-        text.append("\n  production: ", style="bold")
-        text.append(f"patched at {applied['appliedAt']}")
+        made.append("\n  production: ", style="bold")
+        made.append(f"patched at {safe(applied['appliedAt'])}")
         if applied.get("verifiedAt"):
-            text.append(f", verified at {applied['verifiedAt']}", style="green")
+            made.append(f", verified at {safe(applied['verifiedAt'])}", style="green")
         if applied.get("rolledBackAt"):
-            text.append(f", rolled back at {applied['rolledBackAt']}", style="red")
+            made.append(f", rolled back at {safe(applied['rolledBackAt'])}", style="red")
     elif phase == "Recommended":
-        text.append("\n  production: ", style="bold")
-        text.append(f"not changed (Recommend mode); apply with `batchtune recommend {(bt.get('metadata') or {}).get('name', 'NAME')} -o patch`")
-    return text
+        made.append("\n  production: ", style="bold")
+        made.append(f"not changed (Recommend mode); apply with `batchtune recommend "
+                    f"{safe((bt.get('metadata') or {}).get('name', 'NAME'))} -o patch`")
+    return made
 
 
 def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.console import Group
     from rich.text import Text
 
+    bt = clean(bt)
     parts: list[Any] = [header(bt, now), Text(""), trials_table(bt)]
     notes = trial_notes(bt)
     if notes.plain:

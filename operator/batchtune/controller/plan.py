@@ -8,6 +8,7 @@ from batchtune.api import Baseline, EngineLimitsRecord, PlanRecord, PrunedSettin
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
+from batchtune.core.measurement import window_too_short
 from batchtune.core.planning import SearchSpace, plan_candidates
 from batchtune.core.policy import load_image_problem
 from batchtune.core.production import fingerprint
@@ -66,6 +67,11 @@ def plan(tick: Tick) -> None:
     problems = spec_problems(tick, target)
     if problems:
         tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))
+        return
+    short = window_too_short(tick.spec.trial.measure_seconds, tick.ports.install.scrape_interval_seconds)
+    if short and not tick.spec.load.num_prompts:
+        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.measureSeconds {tick.spec.trial.measure_seconds}: "
+                                                       f"{short}")
         return
     try:
         reader = tick.reader(engine)

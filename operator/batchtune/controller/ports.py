@@ -115,6 +115,8 @@ class Install:
     """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
     secret_label: str = "batchtune.io/prometheus-token"
     """A Secret is read only if it carries this label with value "true"."""
+    scrape_interval_seconds: float = 15.0
+    """Prometheus' scrape interval for the engine's pods: a window needs two scrapes to be measured."""
     scrape_lag_seconds: float = 6.0
     """Prometheus needs a couple of scrapes after a run ends before the window is complete."""
     measurement_deadline_seconds: int = 600

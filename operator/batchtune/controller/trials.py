@@ -316,6 +316,11 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
     if window is None:
         retry(tick, trial, current, Reason.MEASUREMENT_UNAVAILABLE, "the load run has no measurement window")
         return
+    short = measurement.window_too_short((window.end - window.start).total_seconds(),
+                                         tick.ports.install.scrape_interval_seconds)
+    if short:
+        finish(tick, trial, TrialState.FAILED, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short, Verdict.UNKNOWN)
+        return
     if window.end + timedelta(seconds=tick.ports.install.scrape_lag_seconds) > tick.now:
         return  # Prometheus needs a scrape or two after the run before its window is complete
     try:

@@ -118,6 +118,7 @@ class Reason(StrEnum):
     TRIAL_POD_LOST = "TrialPodLost"
     LOAD_GENERATOR_FAILED = "LoadGeneratorFailed"
     MEASUREMENT_UNAVAILABLE = "MeasurementUnavailable"
+    MEASUREMENT_WINDOW_TOO_SHORT = "MeasurementWindowTooShort"
     # Pruned before any GPU is spent
     ENGINE_INVARIANT = "EngineInvariant"
     DOES_NOT_FIT_MEMORY = "DoesNotFitMemory"
