@@ -67,7 +67,17 @@ class PrometheusMetrics:
         return PrometheusReader(url, ctx, token=token, on_query=telemetry.PROMETHEUS_QUERIES.inc,
                                 on_error=telemetry.PROMETHEUS_ERRORS.inc,
                                 finished_reason_label=engine.metrics.finished_reason_label,
-                                error_reasons=engine.metrics.error_finish_reasons)
+                                error_reasons=engine.metrics.error_finish_reasons,
+                                http_errors=http_errors(engine.metrics))
+
+
+def http_errors(conventions: Any) -> Any:
+    from batchtune.core.promql import HttpErrors
+
+    if not conventions.http_requests:
+        return None
+    return HttpErrors(conventions.http_requests, conventions.http_status_label, conventions.http_error_statuses,
+                      conventions.http_handler_label, conventions.inference_handlers)
 
 
 INSTALL = install_from_env()

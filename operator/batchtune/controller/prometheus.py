@@ -21,6 +21,7 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from batchtune.core import promql
 from batchtune.core.measurement import Window
@@ -55,7 +56,8 @@ class PrometheusReader:
 
     def __init__(self, url: str, ctx: QueryContext, *, token: str | None = None, timeout_s: float = 10.0,
                  on_query: Callable[[], None] | None = None, on_error: Callable[[], None] | None = None,
-                 finished_reason_label: str | None = None, error_reasons: tuple[str, ...] = ()) -> None:
+                 finished_reason_label: str | None = None, error_reasons: tuple[str, ...] = (),
+                 http_errors: promql.HttpErrors | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self.url = url
         self.ctx = ctx
@@ -64,7 +66,9 @@ class PrometheusReader:
         self.on_error = on_error
         self.finished_reason_label = finished_reason_label
         self.error_reasons = error_reasons
-        self._conn = PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=None)
+        self.http_errors = http_errors
+        # retry=None would mean the library's default: 3 sleeping retries inside a tick. The loop retries.
+        self._conn = PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=Retry(total=0))
 
     # ---- the raw query ----------------------------------------------------------------------
 
@@ -146,15 +150,20 @@ class PrometheusReader:
         """Production's SLO figures, error rate, served share of the offered load and request count."""
         window = max(1, int((end - start).total_seconds()))
         sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
-        queries = promql.production_queries(self.ctx, sel, window, self.finished_reason_label, self.error_reasons)
+        queries = promql.production_queries(self.ctx, sel, window, self.finished_reason_label, self.error_reasons,
+                                            self.http_errors)
         at = end.timestamp()
         raw = {name: self.scalar(q, at) for name, q in queries.items()}
         out: dict[str, float | None] = {k: raw.get(k) for k in (M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.REQUEST_THROUGHPUT,
                                                                  M.OUTPUT_THROUGHPUT, M.WAITING_REQUESTS, M.REQUESTS)}
         finished, failed, growth = raw.get(M.REQUEST_THROUGHPUT), raw.get("failedThroughput"), raw.get("inSystemGrowth")
+        # Requests that failed fast (HTTP errors) never reach the engine's counters: they count on top.
+        fast = raw.get("httpFailedThroughput") or 0.0
         if finished is not None:
-            if finished > 0:
-                out[M.ERROR_RATE_PERCENT] = 100.0 * (failed or 0.0) / finished if "failedThroughput" in raw else None
+            answered = finished + fast
+            if answered > 0:
+                out[M.ERROR_RATE_PERCENT] = 100.0 * ((failed or 0.0) + fast) / answered \
+                    if "failedThroughput" in raw else None
             elif out.get(M.REQUESTS) == 0:
                 out[M.ERROR_RATE_PERCENT] = 0.0
             arrived = finished + max(0.0, growth or 0.0) / window

@@ -273,7 +273,7 @@ def kv_pool_query(ctx: QueryContext, namespace: str, pod: str) -> str:
 
 
 def production_queries(ctx: QueryContext, sel: Selector, window_s: int, finished_reason_label: str | None,
-                       error_reasons: tuple[str, ...]) -> dict[str, str]:
+                       error_reasons: tuple[str, ...], http: HttpErrors | None = None) -> dict[str, str]:
     """Production's figures over a window (all its pods together), for verify."""
     names, q, c = ctx.names, ctx.quantile, ctx.names.candidates
     out = {
@@ -289,7 +289,22 @@ def production_queries(ctx: QueryContext, sel: Selector, window_s: int, finished
     if finished_reason_label and error_reasons:
         errors = Selector(sel.equal, {**sel.regex, check_label_name(finished_reason_label): "|".join(error_reasons)})
         out["failedThroughput"] = counter_rate(c("request_success"), errors, window_s)
+    if http is not None:
+        failed = Selector(sel.equal, {**sel.regex, check_label_name(http.status_label): "|".join(http.statuses),
+                                      check_label_name(http.handler_label): "|".join(escape_regex(h) for h in http.handlers)})
+        out["httpFailedThroughput"] = counter_rate((check_metric_name(http.metric),), failed, window_s)
     return out
+
+
+@dataclass(frozen=True)
+class HttpErrors:
+    """Where the API server counts the requests it answered with an error (fast failures)."""
+
+    metric: str
+    status_label: str
+    statuses: tuple[str, ...]
+    handler_label: str
+    handlers: tuple[str, ...]
 
 
 def _in_system_growth(names: MetricNames, sel: Selector, window_s: int) -> str:

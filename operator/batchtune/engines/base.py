@@ -91,6 +91,12 @@ class MetricConventions:
     finished_reason_label: str | None = None
     error_finish_reasons: tuple[str, ...] = ()
     """Finish reasons of failed requests. Not relied on alone: a client disconnect may not count."""
+    http_requests: str | None = None
+    """The API server's request counter (fast failures never reach the engine's own counters)."""
+    http_status_label: str = "status"
+    http_error_statuses: tuple[str, ...] = ()
+    http_handler_label: str = "handler"
+    inference_handlers: tuple[str, ...] = ()
 
 
 class Engine(ABC):

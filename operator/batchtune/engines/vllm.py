@@ -77,6 +77,10 @@ _METRICS = MetricConventions(
     model_label="model_name",
     finished_reason_label="finished_reason",
     error_finish_reasons=("abort", "error"),
+    # prometheus-fastapi-instrumentator in vLLM's API server: status grouped as 2xx/4xx/5xx.
+    http_requests="http_requests_total",
+    http_error_statuses=("4xx", "5xx"),
+    inference_handlers=("/v1/completions", "/v1/chat/completions"),
 )
 
 # vLLM's own startup/exit messages, lower-case, first match wins (KV before the broader memory texts).

