@@ -67,3 +67,39 @@ def test_files_without_a_batchtuning_fail(tmp_path: Path, content: str, needle: 
 def test_unreadable_file_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "-f", str(tmp_path / "absent.yaml")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_help_says_what_validate_checks_beyond_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["validate", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for needle in ("Checked beyond the CRD", "yes/no/on/off", "010", "explicit nulls in spec", "1 MiB",
+                   "extraArgs", "EmptySearchSpace", "Not checked"):
+        assert needle in out, needle
+
+
+def test_a_partly_pruned_search_space_is_valid_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "pruned.yaml"
+    path.write_text(MINIMAL.read_text().replace("max: 256", "max: 256\n    maxNumBatchedTokens: [64, 8192]"))
+    assert main(["validate", "-f", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}: llama-8b: valid (note: 2 of 12 candidate settings would be refused by vLLM and are pruned; "
+        "batchtune plan lists them)"]
+
+
+def test_an_unreadable_document_does_not_hide_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "three.yaml"
+    second = MINIMAL.read_text().replace("name: llama-8b\nspec", "name: second\nspec").replace("max: 256", "max: 0400")
+    path.write_text(MINIMAL.read_text() + "---\n" + second + "---\n" + MINIMAL.read_text())
+    assert main(["validate", "-f", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}[1]: llama-8b: valid" and out[2] == f"{path}[3]: llama-8b: valid"
+    assert out[1].startswith(f"{path}[2]: spec.searchSpace.maxNumSeqs.max: is read as the octal number 256")
+
+
+def test_an_empty_mode_is_never_auto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty-mode.yaml"
+    path.write_text(MINIMAL.read_text() + "  apply:\n    mode:\n")
+    assert main(["validate", "-f", str(path)]) == 1
+    assert capsys.readouterr().out.startswith(f"{path}: spec.apply.mode: is empty (null): the API server drops")
