@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from batchtune.cli.terminal import markup, safe, text
+
 if TYPE_CHECKING:
     from batchtune.core import EngineLimits, Setting
     from batchtune.engines import Engine, Invocation
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from batchtune.api import InvalidBatchTuning, load_file
+    from batchtune.cli.validate import limits_with_extra_args
     from batchtune.core import EngineLimits, SearchSpace, SloTargets, plan_candidates
     from batchtune.core.search import Search
     from batchtune.engines import VLLM, ArgsError
@@ -60,65 +63,69 @@ def run(args: argparse.Namespace) -> int:
         try:
             tunings = load_file(name)
         except OSError as exc:
-            print(f"{name}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+            print(f"{safe(name)}: cannot read: {safe(exc.strerror or exc)}", file=sys.stderr)
             status = 1
             continue
         except InvalidBatchTuning as exc:
             for error in exc.errors:
-                print(f"{exc.source or name}: {error}")
+                print(f"{safe(exc.source or name)}: {error}")
             status = 1
             continue
         for bt in tunings:
             spec = bt.spec
-            title = f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}"
+            title = safe(f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}")
             engine: Engine = VLLM
             limits = EngineLimits()
             if args.target:
                 try:
                     engine, limits, invocation = _target(args.target, spec.target_ref.container_name)
                 except (OSError, ArgsError) as exc:
-                    print(f"{args.target}: {exc}")
+                    print(f"{safe(args.target)}: {safe(exc)}")
                     status = 1
                     continue
-                console.print(f"[bold]{title}[/]: baseline {invocation.model or '?'} "
-                              f"max-num-seqs={invocation.max_num_seqs} gmu={invocation.gpu_memory_utilization_percent}% "
-                              f"mbt={invocation.max_num_batched_tokens}")
+                console.print(f"[bold]{markup(title)}[/]: baseline {markup(invocation.model or '?')} "
+                              f"max-num-seqs={markup(invocation.max_num_seqs)} "
+                              f"gmu={markup(invocation.gpu_memory_utilization_percent)}% "
+                              f"mbt={markup(invocation.max_num_batched_tokens)}")
             try:
                 space = SearchSpace.from_spec(spec.search_space)
             except ValueError as exc:
-                print(f"{title}: spec.searchSpace: {exc}")
+                print(f"{title}: spec.searchSpace: {safe(exc)}")
                 status = 1
                 continue
             problems = engine.check_extra_args(spec.search_space.extra_args or [])
             if problems:
                 for problem in problems:
-                    print(f"{title}: spec.searchSpace.{problem}")
+                    print(f"{title}: spec.searchSpace.{safe(problem)}")
                 status = 1
                 continue
+            # The extra args come last on every trial's command line, so their limits win (as validate reads them).
+            limits = limits_with_extra_args(engine, spec.search_space.extra_args or [],
+                                            invocation.flags if args.target else None)
 
             def invariant(setting: Setting, engine: Engine = engine, limits: EngineLimits = limits) -> str | None:
                 return engine.invariant_violation(setting, limits)
 
             plan = plan_candidates(space, invariant, limits=limits)
             extra = list(spec.search_space.extra_args or [])
-            table = Table(title=f"{title}: {len(plan.candidates)} candidate(s)")
+            table = Table(title=text(f"{title}: {len(plan.candidates)} candidate(s)"))
             table.add_column("#", justify="right")
             table.add_column("setting")
             table.add_column(f"{engine.display} args")
             for i, setting in enumerate(plan.candidates):
-                table.add_row(str(i), setting.label(), " ".join(engine.setting_args(setting) + extra))
+                table.add_row(str(i), text(setting.label()), text(" ".join(engine.setting_args(setting) + extra)))
             console.print(table)
             if plan.pruned:
                 pruned = Table(title=f"pruned: {len(plan.pruned)}")
                 pruned.add_column("setting")
                 pruned.add_column("reason")
                 for p in plan.pruned:
-                    pruned.add_row(p.setting.label(), f"{p.reason.value}: {p.message}")
+                    pruned.add_row(text(p.setting.label()), text(f"{p.reason.value}: {p.message}"))
                 console.print(pruned)
             for note in plan.notes:
-                console.print(f"note: {note}")
+                console.print(text(f"note: {note}"))
             if plan.error:
-                print(f"{title}: {plan.error}")
+                print(f"{title}: {safe(plan.error)}")
                 status = 1
                 continue
             strategy_kind = getattr(spec.strategy.type, "value", spec.strategy.type)
@@ -133,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
                     break
                 asks.append(ask)
             budget = min(spec.strategy.max_trials, len(plan.candidates))
-            console.print(
+            console.print(text(
                 f"strategy {strategy_kind} (seed {spec.strategy.seed}, at most {budget} trial(s)); "
                 f"first asks: " + (", ".join(s.label() for s in asks) or "none")
-            )
+            ))
     return status

@@ -104,8 +104,8 @@ def from_status(bt: Mapping[str, Any], missing: list[str]) -> dict[str, bytes]:
         out["curves.png"] = report.curves_png(
             trials, chosen=status.get("bestTrial"), knee_seqs=(status.get("knee") or {}).get("maxNumSeqs"),
             slo=slo, percentile=str(slo.get("percentile") or "P95"),
-            title=f"{meta.get('namespace', '')}/{meta.get('name', '')}: target "
-                  f"{((bt.get('spec') or {}).get('targetRef') or {}).get('name', '')}")
+            title=safe(f"{meta.get('namespace', '')}/{meta.get('name', '')}: target "
+                       f"{((bt.get('spec') or {}).get('targetRef') or {}).get('name', '')}"))
     return out
 
 

@@ -176,9 +176,9 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     table.add_column("out tok/s", justify="right")
     table.add_column("req/s", justify="right")
     percentile = safe(percentile)
-    table.add_column(f"TTFT {percentile} ms", justify="right")
-    table.add_column(f"ITL {percentile} ms", justify="right")
-    table.add_column(f"E2E {percentile} ms", justify="right")
+    table.add_column(text(f"TTFT {percentile} ms"), justify="right")
+    table.add_column(text(f"ITL {percentile} ms"), justify="right")
+    table.add_column(text(f"E2E {percentile} ms"), justify="right")
     table.add_column("GPU %", justify="right")
     table.add_column("KV %", justify="right")
     if with_capacity:

@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 from batchtune.cli.terminal import safe
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from batchtune.api import BatchTuning, FieldError
+    from batchtune.core import EngineLimits
+    from batchtune.engines import Engine
 
 DESCRIPTION = """\
 Check BatchTuning YAML files (multi-document allowed; '-' reads stdin) offline, without a cluster.
@@ -110,8 +114,6 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     The engine is vLLM (the one engine there is); its limits are read from extraArgs alone, as
     production's own flags are not known offline.
     """
-    from types import SimpleNamespace
-
     from batchtune.api import MISSING, FieldError
     from batchtune.core import SearchSpace, plan_candidates
     from batchtune.engines import VLLM
@@ -121,8 +123,7 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     problems = VLLM.check_extra_args(extra)
     if problems:
         return [FieldError("spec.searchSpace.extraArgs", MISSING, problem) for problem in problems], None
-    flags: dict[str, Any] = {canon: value for canon, _, value in VLLM.parse_flags(extra, "extraArgs item")}
-    limits = VLLM.limits(SimpleNamespace(flags=flags))
+    limits = limits_with_extra_args(VLLM, extra)
     space = SearchSpace.from_spec(space_spec)
     plan = plan_candidates(space, lambda s: VLLM.invariant_violation(s, limits), limits=limits)
     total = len(plan.candidates) + len(plan.pruned)
@@ -135,3 +136,21 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
         return [], (f"{len(plan.pruned)} of {total} candidate settings would be refused by vLLM and are "
                     "pruned; batchtune plan lists them")
     return [], None
+
+
+def limits_with_extra_args(engine: Engine, extra_args: Sequence[str],
+                           base_flags: Mapping[str, str | None] | None = None) -> EngineLimits:
+    """The engine's limits for a trial: `base_flags` (production's, when known) with the extra args after them.
+
+    Extra args come last on a trial's command line, so they win (`--no-enable-chunked-prefill` there
+    turns chunked prefill off whatever production says).
+    """
+    from types import SimpleNamespace
+
+    flags: dict[str, Any] = dict(base_flags or {})
+    extra = {canon: value for canon, _, value in engine.parse_flags(extra_args, "extraArgs item")}
+    if {"enable-chunked-prefill", "no-enable-chunked-prefill"} & set(extra):
+        flags.pop("enable-chunked-prefill", None)
+        flags.pop("no-enable-chunked-prefill", None)
+    flags.update(extra)
+    return engine.limits(SimpleNamespace(flags=flags))  # type: ignore[arg-type]  # limits reads only .flags
