@@ -160,6 +160,7 @@ def test_cluster_wide_service_account_rights(kube, helm, releases, namespace, wa
     assert can_i(kube, "watch", "customresourcedefinitions.apiextensions.k8s.io", None, sa)
     assert not can_i(kube, "delete", "pods", "default", sa)
     assert not can_i(kube, "list", "secrets", "default", sa)
+    assert not can_i(kube, "get", "secrets", "default", sa)  # only in prometheus.authSecretNamespaces
     assert not can_i(kube, "update", "deployments.apps", "default", sa)
     assert not can_i(kube, "create", "clusterroles.rbac.authorization.k8s.io", None, sa)
 
@@ -176,7 +177,7 @@ def test_namespaced_install_cannot_touch_other_namespaces(kube, helm, releases, 
         release = f"bt-{secrets.token_hex(3)}"
         releases.append((release, namespace))
         helm("install", release, str(CHART), "-n", namespace, "--set", "crds.enabled=false",
-             "--set", f"watchNamespaces={{{watched}}}")
+             "--set", f"watchNamespaces={{{watched}}}", "--set", f"prometheus.authSecretNamespaces={{{watched}}}")
         roles = kube.rbac.list_cluster_role(label_selector=f"app.kubernetes.io/instance={release}").items
         assert roles == [], "a namespaced install created a ClusterRole"
         sa = f"system:serviceaccount:{namespace}:{release}-batchtune"

@@ -81,7 +81,8 @@ The operator image reference; the tag defaults to the chart's appVersion, a dige
 
 {{/*
 RBAC rules the operator needs in every namespace it watches. The cluster-scoped extras (CRD and
-namespace discovery, nodes for GPU capacity) are added by rbac.yaml in cluster-wide mode only.
+namespace discovery, nodes for GPU capacity) are added by rbac.yaml in cluster-wide mode only; Secret
+reads are granted by rbac.yaml only in the namespaces of prometheus.authSecretNamespaces.
 */}}
 {{- define "batchtune.namespacedRules" -}}
 # Framework: kopf watches BatchTunings, keeps its finalizer and progress annotations on them,
@@ -100,7 +101,8 @@ namespace discovery, nodes for GPU capacity) are added by rbac.yaml in cluster-w
   verbs: ["create", "patch"]
 # Application: the target Deployment is read and, in Auto mode, patched (container args only);
 # trial Deployments and load-generator Jobs are created and deleted; pods are read to classify
-# trial failures and find pod IPs; the report ConfigMap is written.
+# trial failures and find pod IPs; the report ConfigMap is written (create, then replace: never read,
+# so no `get` on other ConfigMaps). The admission policy narrows each write (admission-policy.yaml).
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
@@ -116,11 +118,12 @@ namespace discovery, nodes for GPU capacity) are added by rbac.yaml in cluster-w
   verbs: ["list"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "update", "patch"]
-{{- if .Values.rbac.readSecrets }}
-# Application: the token named by spec.prometheus.authSecretRef (rbac.readSecrets).
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["create", "update"]
 {{- end }}
+
+{{/*
+The operator's ServiceAccount as the API server names it in request.userInfo.username.
+*/}}
+{{- define "batchtune.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "batchtune.serviceAccountName" .) }}
 {{- end }}
