@@ -47,7 +47,9 @@ def main() -> int:
 
     step("Installing the batchtune chart (operator, CRD, least-privilege RBAC)")
     run("helm", "upgrade", "--install", "batchtune", str(ROOT / "charts" / "batchtune"), "--namespace",
-        RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m", "--set", "operator.tickSeconds=2")
+        RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m", "--set", "operator.tickSeconds=2",
+        # The local cluster's Prometheus scrapes every 2 s (a real one: 15-30 s, and longer windows).
+        "--set", "prometheus.scrapeIntervalSeconds=2")
 
     step("Deploying production: Llama-3.1-70B fp8 on one H100 at --max-num-seqs 8")
     kubectl("create", "namespace", NAMESPACE, check=False, quiet=True)

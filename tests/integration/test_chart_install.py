@@ -50,7 +50,8 @@ def releases(helm, kubectl) -> Iterator[list[tuple[str, str]]]:
 
 
 def operator_env(cluster: lc.ClusterInfo) -> list[str]:
-    return ["--set", "operator.tickSeconds=1"]
+    return ["--set", "operator.tickSeconds=1",
+            "--set", f"prometheus.scrapeIntervalSeconds={cluster.config.get('scrape_interval_s', 2):g}"]
 
 
 def can_i(kube, verb: str, resource: str, namespace: str | None, sa: str) -> bool:

@@ -334,6 +334,12 @@ def test_bounds_are_passed_as_operator_flags(sets, present):
         assert not [a for a in args if a.startswith("--allowed-prometheus-url")], args
 
 
+@pytest.mark.parametrize("sets, expected", [((), "15"), (("prometheus.scrapeIntervalSeconds=2",), "2")])
+def test_scrape_interval_reaches_the_operator(sets, expected):
+    env = {e["name"]: e.get("value") for e in operator_container(render(*sets))["env"]}
+    assert env["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"] == expected
+
+
 def test_bound_flags_are_ones_the_operator_accepts():
     """Each flag the chart passes parses with `batchtune operator`'s own argument parser."""
     import argparse
@@ -435,6 +441,7 @@ def test_crd_keep_annotation(keep, annotated):
     pytest.param("prometheus.url=http://prom:9090", "url", id="unknown-prometheus-key"),
     pytest.param("maxGpuMinutesPerTuning=0", "maxGpuMinutesPerTuning", id="gpu-minutes-zero"),
     pytest.param("maxGpuMinutesPerTuning=1.5", "maxGpuMinutesPerTuning", id="gpu-minutes-fraction"),
+    pytest.param("prometheus.scrapeIntervalSeconds=0", "scrapeIntervalSeconds", id="scrape-interval-zero"),
 ])
 def test_schema_rejects_bad_values(bad_set, complaint):
     argv = [_helm(), "template", "bt", str(CHART), "--kube-version", KUBE_VERSION.lstrip("v"), "--set", bad_set]

@@ -33,7 +33,7 @@ from batchtune import API_GROUP, API_VERSION
 from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.verify import InconclusivePolicy
-from batchtune.core.vocabulary import Phase, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import Phase, TrialState, Verdict
 
 API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
 
@@ -110,6 +110,9 @@ T = TypeVar("T")
 Int = Annotated[int, Strict()]
 Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
+
+# A reason code (docs/troubleshooting.md): UpperCamelCase, not an enum, so an older operator reads a newer one's.
+ReasonCode = Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=64)]
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -661,8 +664,8 @@ class TrialRecord(_Status):
     """The setting tried."""
     state: TrialState = TrialState.PENDING
     """Pending, Deploying, Warming, Measuring, Done, Infeasible or Failed."""
-    reason: Reason | None = None
-    """Why the trial is in its state (e.g. OOMKilled, KvCacheTooSmall, Measured)."""
+    reason: ReasonCode | None = None
+    """Why the trial is in its state (e.g. OOMKilled, KvCacheTooSmall, Measured; docs/troubleshooting.md)."""
     message: str | None = None
     """Human-readable detail."""
     gpus: Annotated[int, Field(ge=0)] = 0
@@ -716,11 +719,11 @@ class PrunedSetting(_Status):
 
     setting: Setting
     """The setting left out."""
-    reason: Reason
+    reason: ReasonCode
     """EngineInvariant (the engine would refuse it), DoesNotFitMemory (the twin's memory model) or Dominated."""
     message: str = ""
     """Why, in words (the engine's own message where it has one)."""
-    memory_reason: Reason | None = None
+    memory_reason: ReasonCode | None = None
     """For DoesNotFitMemory: what a start would have failed with (KvCacheTooSmall, GpuMemoryUtilizationTooHigh)."""
 
 
@@ -849,7 +852,7 @@ class BatchTuningStatus(_Status):
     next_trial_index: Annotated[int, Field(ge=0)] = 0
     """The index the next trial gets: trial names are never reused, not even across generations."""
     gpu_minutes: Annotated[float, Field(ge=0)] = 0
-    """GPU-minutes the trials of this generation held (GPUs x time from decision to end)."""
+    """GPU-minutes the trials of this generation held (GPUs x time from decision to end), in whole minutes."""
     baseline: Baseline | None = None
     """Production's settings when tuning started."""
     pruned: list[PrunedSetting] = Field(default_factory=list)

@@ -61,10 +61,18 @@ def install_from_env() -> Install:
 
 
 class PrometheusMetrics:
-    """`ports.Metrics`: a reader per BatchTuning and tick, counting queries in the operator's own metrics."""
+    """`ports.Metrics`: a reader per BatchTuning and tick over one connection pool per Prometheus and token."""
+
+    def __init__(self) -> None:
+        self._connections: dict[tuple[str, str | None], Any] = {}
 
     def reader(self, url: str, token: str | None, ctx: Any, engine: Any) -> PrometheusReader:
-        return PrometheusReader(url, ctx, token=token, on_query=telemetry.PROMETHEUS_QUERIES.inc,
+        connection = self._connections.get((url, token))
+        if connection is None:
+            if len(self._connections) > 256:
+                self._connections.clear()  # bounded: URLs and tokens come from specs
+            connection = self._connections[(url, token)] = PrometheusReader.connect(url, token)
+        return PrometheusReader(url, ctx, connection=connection, on_query=telemetry.PROMETHEUS_QUERIES.inc,
                                 on_error=telemetry.PROMETHEUS_ERRORS.inc,
                                 finished_reason_label=engine.metrics.finished_reason_label,
                                 error_reasons=engine.metrics.error_finish_reasons,

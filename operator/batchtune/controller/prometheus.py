@@ -54,11 +54,18 @@ class Production:
 class PrometheusReader:
     """Reads one BatchTuning's figures (its metric names, labels and percentile) from one Prometheus."""
 
+    @staticmethod
+    def connect(url: str, token: str | None = None) -> PrometheusConnect:
+        """A client with its own connection pool (reused across ticks by the caller)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        # retry=None would mean the library's default: 3 sleeping retries inside a tick. The loop retries.
+        return PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=Retry(total=0))
+
     def __init__(self, url: str, ctx: QueryContext, *, token: str | None = None, timeout_s: float = 10.0,
+                 connection: PrometheusConnect | None = None,
                  on_query: Callable[[], None] | None = None, on_error: Callable[[], None] | None = None,
                  finished_reason_label: str | None = None, error_reasons: tuple[str, ...] = (),
                  http_errors: promql.HttpErrors | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else None
         self.url = url
         self.ctx = ctx
         self.timeout_s = timeout_s
@@ -67,8 +74,7 @@ class PrometheusReader:
         self.finished_reason_label = finished_reason_label
         self.error_reasons = error_reasons
         self.http_errors = http_errors
-        # retry=None would mean the library's default: 3 sleeping retries inside a tick. The loop retries.
-        self._conn = PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=Retry(total=0))
+        self._conn = connection or self.connect(url, token)
 
     # ---- the raw query ----------------------------------------------------------------------
 

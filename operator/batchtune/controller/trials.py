@@ -106,7 +106,8 @@ def search(tick: Tick) -> Search:
     limits_record = tick.status.plan.engine_limits
     limits = EngineLimits(limits_record.max_model_len, limits_record.chunked_prefill is not False,
                           limits_record.max_num_batched_tokens) if limits_record else EngineLimits()
-    pruned = [CorePruned(p.setting.core(), p.reason, p.message, p.memory_reason) for p in tick.status.pruned]
+    pruned = [CorePruned(p.setting.core(), Reason(p.reason), p.message,
+                         Reason(p.memory_reason) if p.memory_reason else None) for p in tick.status.pruned]
     return Search.start(tick.spec.strategy.type.value, SearchSpace.from_spec(tick.spec.search_space),
                         lambda s: engine.invariant_violation(s, limits), pruned, tick.slo(),
                         Objective(tick.spec.objective.type), tick.spec.strategy.seed, tick.spec.strategy.max_trials)
@@ -140,9 +141,11 @@ def trials(tick: Tick) -> None:
             deploying(tick, target, trial, owned)
         elif trial.state in (TrialState.WARMING, TrialState.MEASURING):
             measuring(tick, target, trial, owned, config)
-    tick.status.gpu_minutes = gpu_minutes(tick.status.trials, tick.now)
+    spent = gpu_minutes(tick.status.trials, tick.now)
+    # Whole minutes in status: a figure that moves every tick would cost a status write every tick.
+    tick.status.gpu_minutes = float(math.floor(spent))
     budget = gpu_minutes_budget(tick.spec.strategy.max_gpu_minutes, tick.ports.install.max_gpu_minutes)
-    exhausted = tick.status.gpu_minutes >= budget
+    exhausted = spent >= budget
     if exhausted:
         for trial in tick.status.trials:
             if not trial.state.finished:
