@@ -240,7 +240,7 @@ def test_hostile_files_get_one_line_naming_the_file_never_a_traceback(name: str,
     assert len(lines) == (2 if name == "other-kind" else 1), captured.out  # other-kind: apiVersion and kind
     assert all(line.startswith(f"{path}: ") for line in lines) and needle in lines[-1], lines
     assert "\x1b" not in captured.out and all(len(line) < 400 for line in lines)
-    assert elapsed < 5, f"{name} took {elapsed:.1f}s"
+    assert elapsed < 10, f"{name} took {elapsed:.1f}s"  # each takes well under a second; a busy machine is slower
 
 
 def test_a_hostile_file_in_a_fresh_interpreter_exits_1_quickly_without_a_traceback(tmp_path: Path) -> None:
@@ -251,11 +251,11 @@ def test_a_hostile_file_in_a_fresh_interpreter_exits_1_quickly_without_a_traceba
     deep.write_text("[" * 100_000 + "]" * 100_000)
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "batchtune", "validate", "-f", str(path), "-f", str(deep)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr and done.stderr == ""
     assert len(done.stdout.splitlines()) == 2
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 60
 
 
 def test_a_file_just_under_the_size_limit_is_read(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_a_kubectl_dump_sized_file_is_read_quickly(tmp_path: Path) -> None:
     start = time.monotonic()
     tunings = load_file(path)
     assert len(tunings) > 1000
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
