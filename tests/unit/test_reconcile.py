@@ -464,3 +464,20 @@ def test_a_window_prometheus_cannot_resolve_is_refused_up_front():
         "Failed"
     assert w.condition("Failed")["reason"] == "MeasurementWindowTooShort"
     assert "spec.trial.measureSeconds" in w.condition("Failed")["message"] and w.created == []
+
+
+@pytest.mark.parametrize("apply, refused", [({"mode": "Auto", "verifySeconds": 20}, True),
+                                            ({"mode": "Auto", "verifySeconds": 30}, False),
+                                            ({"mode": "Recommend", "verifySeconds": 20}, False)])
+def test_a_verify_window_prometheus_cannot_resolve_is_refused_before_any_trial(apply, refused):
+    from batchtune.controller.ports import Install
+
+    w = world(trial={"measureSeconds": 60}, apply=apply)
+    for _ in range(5):
+        w.tick(Install(operator_image="batchtune:test", scrape_interval_seconds=15))
+    failed = w.condition("Failed")
+    if refused:
+        assert failed["reason"] == "MeasurementWindowTooShort" and w.created == []
+        assert "spec.apply.verifySeconds 20" in failed["message"] and "raise spec.apply.verifySeconds" in failed["message"]
+    else:
+        assert not failed or failed.get("status") != "True"

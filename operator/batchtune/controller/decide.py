@@ -71,8 +71,7 @@ def select(tick: Tick) -> None:
     tick.status.best_setting = chosen.best.label()
     submit_report(tick)
     manager = gitops_manager(target.deployment)
-    mode = tick.spec.apply.mode.value if tick.spec.apply.mode else ("Recommend" if manager else "Auto")
-    if mode == "Recommend":
+    if tick.apply_mode(target) == "Recommend":
         why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
                if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
         message = f"Recommended {chosen.best.label()} ({why}): {chosen.reason}"

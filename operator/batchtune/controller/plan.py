@@ -73,6 +73,12 @@ def plan(tick: Tick) -> None:
         tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.measureSeconds {tick.spec.trial.measure_seconds}: "
                                                        f"{short}")
         return
+    short = window_too_short(tick.spec.apply.verify_seconds, tick.ports.install.scrape_interval_seconds,
+                             "spec.apply.verifySeconds")
+    if short and tick.apply_mode(target) == "Auto":
+        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.apply.verifySeconds {tick.spec.apply.verify_seconds}: "
+                                                       f"{short}")
+        return
     try:
         reader = tick.reader(engine)
         reader.ping()

@@ -17,6 +17,7 @@ from batchtune.api import BatchTuningSpec, BatchTuningStatus
 from batchtune.controller import status as status_io
 from batchtune.controller.ports import NotAllowed, Ports
 from batchtune.controller.prometheus import Production, PrometheusUnavailable, sanitize
+from batchtune.core.gitops import gitops_manager
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.promql import LabelNames, MetricNames, QueryContext
 from batchtune.core.slo import SloTargets
@@ -149,6 +150,13 @@ class Tick:
         names = tuple(sorted(str(p["metadata"]["name"]) for p in pods
                              if LABEL_TUNING not in ((p["metadata"].get("labels")) or {})))
         return Production(self.tuning.namespace, names)
+
+    def apply_mode(self, target: Target) -> str:
+        """Auto or Recommend: spec.apply.mode, else Recommend when Argo CD or Flux manages the target."""
+        assert self.spec is not None
+        if self.spec.apply.mode:
+            return self.spec.apply.mode.value
+        return "Recommend" if gitops_manager(target.deployment) else "Auto"
 
     # ---- Prometheus ------------------------------------------------------------------------
 

@@ -320,7 +320,9 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         retry(tick, trial, current, Reason.MEASUREMENT_UNAVAILABLE, "the load run has no measurement window")
         return
     short = measurement.window_too_short((window.end - window.start).total_seconds(),
-                                         tick.ports.install.scrape_interval_seconds)
+                                         tick.ports.install.scrape_interval_seconds,
+                                         "spec.load.numPrompts" if tick.spec.load.num_prompts else
+                                         "spec.trial.measureSeconds")
     if short:
         finish(tick, trial, TrialState.FAILED, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short, Verdict.UNKNOWN)
         return

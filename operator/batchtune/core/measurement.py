@@ -67,14 +67,14 @@ MIN_SCRAPES_PER_WINDOW = 2
 """rate() over a window needs at least two samples in it: a shorter window reads as no data."""
 
 
-def window_too_short(seconds: float, scrape_interval_s: float) -> str | None:
-    """Why Prometheus cannot measure a window of `seconds`, or None."""
+def window_too_short(seconds: float, scrape_interval_s: float, knob: str = "spec.trial.measureSeconds") -> str | None:
+    """Why Prometheus cannot measure a window of `seconds`, or None; `knob` is the field that lengthens it."""
     least = MIN_SCRAPES_PER_WINDOW * scrape_interval_s
     if seconds >= least:
         return None
     return (f"the measurement window is {seconds:.3g}s, shorter than {MIN_SCRAPES_PER_WINDOW} Prometheus scrape "
             f"intervals ({least:g}s at {scrape_interval_s:g}s, the install's prometheus.scrapeIntervalSeconds): "
-            "rates over it read as no data; raise spec.trial.measureSeconds")
+            f"rates over it read as no data; raise {knob}")
 
 
 def missing(values: Mapping[str, float | None], latency_metrics: tuple[str, ...]) -> list[str]:
