@@ -13,9 +13,11 @@ import batchtune_local as lc
 def _up(args: argparse.Namespace) -> int:
     config = lc.ClusterConfig(
         state_dir=args.state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-        gpu_product=args.gpu_product, time_scale=args.time_scale, scrape_interval_s=args.scrape_interval,
+        gpu_product=args.gpu_product or (lc.cluster.REAL_VLLM_GPU_PRODUCT if args.engine == "vllm"
+                                         else lc.cluster.DEFAULT_GPU_PRODUCT),
+        time_scale=args.time_scale, scrape_interval_s=args.scrape_interval,
         node_agent=not args.no_node_agent, keep_data=args.keep_data, timeout_s=args.timeout,
-        pod_network=args.pod_network,
+        pod_network=args.pod_network, engine=args.engine,
         **({"image_map": args.image_map.resolve()} if args.image_map else {}),
     )
     began = time.monotonic()
@@ -85,8 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", parents=[common], help="start the cluster (or report the healthy one already running)")
     up.add_argument("--nodes", type=int, default=2, help="GPU nodes the node agent registers (default 2)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node (default 8)")
-    up.add_argument("--gpu-product", default=lc.cluster.DEFAULT_GPU_PRODUCT,
-                    help="nvidia.com/gpu.product label (default %(default)s)")
+    up.add_argument("--gpu-product", default=None,
+                    help=f"nvidia.com/gpu.product label (default {lc.cluster.DEFAULT_GPU_PRODUCT}; "
+                    f"{lc.cluster.REAL_VLLM_GPU_PRODUCT} with --engine vllm)")
+    up.add_argument("--engine", choices=lc.cluster.ENGINES, default="twin",
+                    help="what *vllm* images run: the twin (default) or real vLLM on CPU (needs hack/real-vllm/build)")
     up.add_argument("--time-scale", type=float, default=1.0, help="divide simulated durations by this")
     up.add_argument("--scrape-interval", type=float, default=2.0, help="Prometheus scrape interval, seconds")
     up.add_argument("--pod-network", help="loopback CIDR for pod IPs (node agent default 127.1.0.0/16)")

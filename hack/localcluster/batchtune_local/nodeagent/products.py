@@ -30,6 +30,8 @@ _PRODUCTS = (
     GpuProduct("NVIDIA-L40S", "NVIDIA L40S", 46068, 512, 35.0),
     GpuProduct("NVIDIA-L4", "NVIDIA L4", 23034, 256, 16.0),
     GpuProduct("NVIDIA-A10G", "NVIDIA A10G", 23028, 256, 15.0),
+    # The real-engine tier (up --engine vllm): vLLM's CPU backend on NUMA node 0 (17.09 GiB on the build machine).
+    GpuProduct("batchtune-CPU-node", "batchtune CPU node", 17500, 0, 5.0),
 )
 
 PRODUCTS: dict[str, GpuProduct] = {p.label: p for p in _PRODUCTS}

