@@ -334,3 +334,27 @@ def test_status_errors_are_named_under_status() -> None:
     with pytest.raises(InvalidBatchTuning) as caught:
         parse_status({"phase": "Sleeping"})
     assert caught.value.paths == ["status.phase"]
+
+
+@pytest.mark.parametrize("value, ok", [
+    pytest.param("fp8_e4m3", True, id="word"), pytest.param("a=b,c:d/e%f~g#h!", True, id="punctuation"),
+    pytest.param("fp8 e4m3", False, id="space"), pytest.param("fp8\u00a0e4m3", False, id="nbsp-go-does-not-see-as-space"),
+    pytest.param("fp8\u0085", False, id="nel"), pytest.param("fp8\x7f", False, id="del"),
+    pytest.param("fp8\x1b[2J", False, id="esc"), pytest.param("f\u00e9", False, id="non-ascii"),
+    pytest.param("$(HOME)", False, id="k8s-expansion"),
+])
+def test_extra_arg_values_are_printable_ascii_on_both_sides(value: str, ok: bool) -> None:
+    import re as regex
+
+    obj = minimal_object()
+    obj["spec"]["searchSpace"]["extraArgs"] = [f"--kv-cache-dtype={value}"]
+    crd = yaml.safe_load((SAMPLES.parents[1] / "crds" / "batchtune.io_batchtunings.yaml").read_text())
+    items = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "searchSpace"]["properties"]["extraArgs"]["items"]
+    # The API server's pattern (RE2: \s is ASCII there too) must agree with the models'.
+    assert bool(regex.fullmatch(items["pattern"].strip("^$"), f"--kv-cache-dtype={value}", regex.ASCII)) is ok
+    if ok:
+        parse_batchtuning(obj)
+    else:
+        with pytest.raises(InvalidBatchTuning, match="extraArgs"):
+            parse_batchtuning(obj)

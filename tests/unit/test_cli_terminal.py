@@ -264,4 +264,4 @@ def test_plan_prints_hostile_file_names_and_extra_args_safely(tmp_path: Path, ca
     captured = capsys.readouterr()
     _assert_safe(captured.out + captured.err)
     assert "[boldred]x.yaml:llama-8b" in "".join(captured.out.split())  # the table title wraps the long path
-    assert "--dtype=auto\\x1b[2J" in captured.out
+    assert "--dtype=auto\\u001b[2J" in captured.out  # the refusal quotes the value with the ESC made visible

@@ -165,7 +165,7 @@ def test_plan_notes_without_mbt_or_estimator():
 
 
 def _limits(*flags: str) -> EngineLimits:
-    return VLLM.limits(VLLM.read({"name": "v", "command": ["vllm", "serve", "m", *flags]}))
+    return VLLM.limits(VLLM.read({"name": "v", "command": ["vllm", "serve", "m", *flags]}).flags)
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -481,3 +481,17 @@ def test_a_verify_window_prometheus_cannot_resolve_is_refused_before_any_trial(a
         assert "spec.apply.verifySeconds 20" in failed["message"] and "raise spec.apply.verifySeconds" in failed["message"]
     else:
         assert not failed or failed.get("status") != "True"
+
+
+def test_extra_args_limits_prune_what_vllm_would_refuse_on_the_trials_command_line():
+    # Production runs with chunked prefill; the spec's extra args turn it off and raise the context:
+    # vLLM then refuses max_num_batched_tokens < max_model_len, so those settings are never deployed.
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}, "maxNumBatchedTokens": [2048, 8192],
+                           "extraArgs": ["--no-enable-chunked-prefill", "--max-model-len=8192"]})
+    for _ in range(3):
+        w.tick()
+    pruned = w.status["pruned"]
+    assert [p["setting"]["maxNumBatchedTokens"] for p in pruned] == [2048], pruned
+    assert pruned[0]["reason"] == "EngineInvariant" and "max_model_len" in pruned[0]["message"]
+    assert w.status["plan"]["engineLimits"]["chunkedPrefill"] is False
+    assert w.status["plan"]["engineLimits"]["maxModelLen"] == 8192

@@ -121,7 +121,8 @@ PROM_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 
 # One extra engine flag: --name or --name=value, spelled in full (no abbreviation, no underscores, no $(VAR)).
-EXTRA_ARG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[^\s$]+)?$")
+# Values are printable ASCII without space or $: Go's \s is ASCII-only, so a range agrees on both sides.
+EXTRA_ARG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[!-#%-~]+)?$")
 
 MAX_NUM_SEQS_LIMIT = 65536
 MAX_NUM_BATCHED_TOKENS_LIMIT = 16_777_216
@@ -142,7 +143,7 @@ def _allowed_extra_flag(arg: str) -> str:
 
     if not EXTRA_ARG.match(arg):
         raise PydanticCustomError(
-            "extra_arg_form", "must be one flag per item, --name or --name=value (no spaces, no $)", {"arg": arg})
+            "extra_arg_form", "must be one flag per item, --name or --name=value (printable ASCII, no spaces, no $)", {"arg": arg})
     name = arg.partition("=")[0][2:]
     if name not in SAFE_EXTRA_FLAGS:
         allowed = ", ".join("--" + f for f in sorted(SAFE_EXTRA_FLAGS))

@@ -44,7 +44,7 @@ def _target(path: str, container_name: str | None) -> tuple[Engine, EngineLimits
     pod_spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
     engine, container = find_engine_container(pod_spec, container_name)
     invocation = engine.read(container)
-    return engine, engine.limits(invocation), invocation
+    return engine, engine.limits(invocation.flags), invocation
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from batchtune.api import InvalidBatchTuning, load_file
-    from batchtune.cli.validate import limits_with_extra_args
     from batchtune.core import EngineLimits, SearchSpace, SloTargets, plan_candidates
     from batchtune.core.search import Search
     from batchtune.engines import VLLM, ArgsError
@@ -100,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 status = 1
                 continue
             # The extra args come last on every trial's command line, so their limits win (as validate reads them).
-            limits = limits_with_extra_args(engine, spec.search_space.extra_args or [],
-                                            invocation.flags if args.target else None)
+            limits = engine.limits(invocation.flags if args.target else {}, spec.search_space.extra_args or [])
 
             def invariant(setting: Setting, engine: Engine = engine, limits: EngineLimits = limits) -> str | None:
                 return engine.invariant_violation(setting, limits)

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchtune.cli.terminal import safe
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
 
     from batchtune.api import BatchTuning, FieldError
-    from batchtune.core import EngineLimits
-    from batchtune.engines import Engine
 
 DESCRIPTION = """\
 Check BatchTuning YAML files (multi-document allowed; '-' reads stdin) offline, without a cluster.
@@ -123,7 +120,7 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     problems = VLLM.check_extra_args(extra)
     if problems:
         return [FieldError("spec.searchSpace.extraArgs", MISSING, problem) for problem in problems], None
-    limits = limits_with_extra_args(VLLM, extra)
+    limits = VLLM.limits({}, extra)
     space = SearchSpace.from_spec(space_spec)
     plan = plan_candidates(space, lambda s: VLLM.invariant_violation(s, limits), limits=limits)
     total = len(plan.candidates) + len(plan.pruned)
@@ -138,19 +135,3 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     return [], None
 
 
-def limits_with_extra_args(engine: Engine, extra_args: Sequence[str],
-                           base_flags: Mapping[str, str | None] | None = None) -> EngineLimits:
-    """The engine's limits for a trial: `base_flags` (production's, when known) with the extra args after them.
-
-    Extra args come last on a trial's command line, so they win (`--no-enable-chunked-prefill` there
-    turns chunked prefill off whatever production says).
-    """
-    from types import SimpleNamespace
-
-    flags: dict[str, Any] = dict(base_flags or {})
-    extra = {canon: value for canon, _, value in engine.parse_flags(extra_args, "extraArgs item")}
-    if {"enable-chunked-prefill", "no-enable-chunked-prefill"} & set(extra):
-        flags.pop("enable-chunked-prefill", None)
-        flags.pop("no-enable-chunked-prefill", None)
-    flags.update(extra)
-    return engine.limits(SimpleNamespace(flags=flags))  # type: ignore[arg-type]  # limits reads only .flags

@@ -102,7 +102,8 @@ def plan(tick: Tick) -> None:
             return
     product = gpu_product(tick, target)
     fits, note = memory_fit(engine, baseline, product)
-    limits = engine.limits(baseline)
+    # Extra args come last on every trial's command line: their limits (--max-model-len, ...) win.
+    limits = engine.limits(baseline.flags, tick.spec.search_space.extra_args or ())
     space = SearchSpace.from_spec(tick.spec.search_space)
     candidates = plan_candidates(space, lambda s: engine.invariant_violation(s, limits), fits, limits)
     tick.status.pruned = [PrunedSetting(setting=Setting.of(p.setting), reason=p.reason, message=p.message[:1000],

@@ -221,7 +221,22 @@ class Engine(ABC):
 
     # ---- the engine's limits ------------------------------------------------------------------
 
-    def limits(self, invocation: Invocation) -> EngineLimits:
+    def trial_flags(self, flags: Mapping[str, str | None], extra_args: Sequence[str] = ()) -> dict[str, str | None]:
+        """A trial's flags: production's `flags` with `spec.searchSpace.extraArgs` after them, as the engine reads them.
+
+        Extra args come last on a trial's command line, so they win; `--no-X` there also cancels `--X`
+        (and the other way round), as a boolean flag pair does.
+        """
+        merged = dict(flags)
+        for canon, _, value in self.parse_flags(extra_args, "extraArgs item"):
+            base = canon.removeprefix("no-")
+            merged.pop(base, None)
+            merged.pop(f"no-{base}", None)
+            merged[canon] = value
+        return merged
+
+    def limits(self, flags: Mapping[str, str | None], extra_args: Sequence[str] = ()) -> EngineLimits:
+        """The engine's own limits on a trial with production's `flags` and the spec's `extra_args`."""
         return EngineLimits()
 
     def invariant_violation(self, setting: Setting, limits: EngineLimits) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from importlib import resources
 from typing import Any
@@ -189,8 +189,8 @@ class Vllm(Engine):
         served = flags.get("served-model-name")
         return served.split()[0] if served else model
 
-    def limits(self, invocation: Any) -> EngineLimits:
-        flags = invocation.flags
+    def limits(self, flags: Mapping[str, str | None], extra_args: Sequence[str] = ()) -> EngineLimits:
+        flags = self.trial_flags(flags, extra_args)
 
         def as_int(name: str) -> int | None:
             value = flags.get(name)
