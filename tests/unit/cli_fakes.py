@@ -79,8 +79,9 @@ def succeeded() -> dict[str, Any]:
                 "kustomizePatch": "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: llama-8b\n",
                 "replicasHint": 2,
             },
-            "applied": {"previousArgs": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "256"],
-                        "newArgs": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "128"],
+            "applied": {"target": "llama-8b",
+                        "previous": {"args": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "256"]},
+                        "new": {"args": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "128"]},
                         "appliedAt": "2025-01-01T10:30:00Z", "verifiedAt": "2025-01-01T10:40:00Z"},
         },
     }

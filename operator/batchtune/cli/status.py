@@ -61,7 +61,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def watch(fetch: Any, bt: Mapping[str, Any], interval: float) -> int:
-    """Re-renders until the phase is terminal; a passing API outage shows as a note, not an exit."""
+    """Re-renders until the phase is terminal; a passing API outage shows as a note, not an exit.
+
+    In a terminal: the live table. Elsewhere (CI, `tee`): one plain line per thing that happened, then
+    the full status once at the end.
+    """
+    out = console()
+    if not out.is_terminal:
+        return watch_lines(fetch, bt, interval, out)
     import time
 
     from rich.console import Group
@@ -70,7 +77,6 @@ def watch(fetch: Any, bt: Mapping[str, Any], interval: float) -> int:
 
     from batchtune.client import ApiUnreachable
 
-    out = console()
     with Live(render_status(bt, datetime.now(UTC)), console=out, refresh_per_second=4,
               transient=False, auto_refresh=True) as live:
         while phase_of(bt) not in TERMINAL_PHASES:
@@ -81,6 +87,38 @@ def watch(fetch: Any, bt: Mapping[str, Any], interval: float) -> int:
             except ApiUnreachable as exc:
                 live.update(Group(render_status(bt, datetime.now(UTC)),
                                   Text(f"(stale: {safe(exc)}; retrying)", style="yellow")))
+    return 0 if phase_of(bt) in SUCCESSFUL_PHASES else 1
+
+
+def watch_lines(fetch: Any, bt: Mapping[str, Any], interval: float, out: Any) -> int:
+    """`--watch` for a log: a timestamped line per transition (batchtune.cli.progress)."""
+    import time
+
+    from rich.text import Text
+
+    from batchtune.cli.progress import changes
+    from batchtune.client import ApiUnreachable
+
+    def say(line: str) -> None:
+        out.print(Text(f"{datetime.now(UTC):%H:%M:%S} {line}"), soft_wrap=True)
+
+    for line in changes(None, bt) or [f"phase {safe(phase_of(bt))}"]:
+        say(line)
+    unreachable = False
+    while phase_of(bt) not in TERMINAL_PHASES:
+        time.sleep(interval)
+        try:
+            latest = fetch()
+        except ApiUnreachable as exc:
+            if not unreachable:
+                say(f"(API unreachable: {safe(exc)}; retrying)")
+            unreachable = True
+            continue
+        unreachable = False
+        for line in changes(bt, latest):
+            say(line)
+        bt = latest
+    out.print(render_status(bt, datetime.now(UTC)))
     return 0 if phase_of(bt) in SUCCESSFUL_PHASES else 1
 
 
