@@ -283,3 +283,12 @@ def test_trial_driver_runs_a_capacity_trial_to_its_end():
     conclusion = driver.conclude()
     assert conclusion.verdict is Verdict.MET and 20 <= conclusion.metrics[M.SLO_CAPACITY_LOAD] <= 26
     assert len(driver.steps) <= CAPACITY.max_steps
+
+
+def test_no_capacity_message_names_the_failure_before_any_cross_check_note():
+    steps = [StepResult(2, {}, Verdict.UNKNOWN, "only 9 requests behind the percentiles", None, "itlMs: 33% apart")]
+    conclusion = conclude(steps, CAPACITY)
+    assert conclusion.message == ("even the lowest load (2) fails: only 9 requests behind the percentiles; "
+                                  "itlMs: 33% apart")
+    # Selection quotes the message when it rejects the trial: the reader sees why, not just the note.
+    assert "only 9 requests" in conclusion.outcome(Objective.SLO_CAPACITY).message

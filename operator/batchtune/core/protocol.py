@@ -307,9 +307,10 @@ def conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion:
     if not passing:
         step = min(steps, key=lambda s: s.load)
         verdict = Verdict.UNKNOWN if all(s.verdict is Verdict.UNKNOWN for s in steps) else Verdict.VIOLATED
-        return Conclusion(_figures(step, steps), verdict,
-                          f"even the lowest load ({step.load}) fails: {step.verdict_reason}", Reason.NO_CAPACITY,
-                          step.cross_check or "", len(steps))
+        why = f"even the lowest load ({step.load}) fails: {step.verdict_reason}"
+        # The message is what a rejection quotes: the failure first, a cross-check note after it.
+        return Conclusion(_figures(step, steps), verdict, why, Reason.NO_CAPACITY,
+                          why + (f"; {step.cross_check}" if step.cross_check else ""), len(steps))
     best = max(passing, key=lambda s: s.load)
     metrics = _figures(best, steps)
     capacity = metrics.get(M.REQUEST_THROUGHPUT)
