@@ -25,7 +25,7 @@ image:
 
 # Build, start the local cluster, install the chart, tune a twin-backed vLLM Deployment, report.
 demo: setup
-	hack/demo/run
+	hack/demo/run $(if $(ROLLBACK),--rollback)
 
 # All tiers: unit tests, then integration tests on the local cluster (started if not running) and the
 # image's smoke test. The image is built first, before the cluster starts (a no-op when up to date).

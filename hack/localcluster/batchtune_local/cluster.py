@@ -34,6 +34,10 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 START_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "prometheus", "nodeagent")
 
 
+DEFAULT_POD_NETWORK = "127.1.0.0/16"
+"""The node agent's default."""
+
+
 def default_state_dir() -> Path:
     return Path(os.environ.get("BATCHTUNE_CLUSTER_DIR", Path.home() / ".cache" / "batchtune" / "cluster"))
 
@@ -57,6 +61,8 @@ class ClusterConfig:
     """Node agent image -> command rules; the default lets tests run any command as image batchtune.test/*."""
     node_agent_args: tuple[str, ...] = ()
     """Extra node agent flags."""
+    service_network: str | None = None
+    """Loopback pool for Services of type LoadBalancer (servicelb); default: the pod network's last /24."""
     keep_data: bool = False
     """Keep etcd and Prometheus data from the previous run instead of starting empty."""
     timeout_s: float = 90.0
@@ -152,6 +158,7 @@ def check(info: ClusterInfo) -> list[ComponentHealth]:
         "prometheus": lambda: health.is_ok(f"{info.prometheus_url}/-/ready"),
         "nodeagent": lambda: len(health.ready_nodes(info.api_server, token=token, ca_file=info.ca_file))
         >= int(info.config["nodes"]),
+        "servicelb": lambda: True,  # it serves no endpoint of its own: running is healthy
     }
     report = []
     for proc in info.processes:
@@ -182,7 +189,8 @@ def up(config: ClusterConfig | None = None) -> tuple[ClusterInfo, bool]:
     with _locked(state):
         existing = load(state)
         if existing is not None:
-            if _recovers(existing):
+            # A cluster started by an older batchtune_local lacks newer components: start it afresh.
+            if _recovers(existing) and "servicelb" in {p.name for p in existing.processes}:
                 return existing, False
             _stop_all(existing, log=lambda _: None)
             (state / "cluster.json").unlink()
@@ -341,6 +349,11 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
                 *config.node_agent_args,
             ], (ports["gpu-metrics"],))
 
+        launch("servicelb", [
+            sys.executable, "-m", "batchtune_local.servicelb", "--kubeconfig", str(admin),
+            "--network", config.service_network or service_network_of(config.pod_network or DEFAULT_POD_NETWORK),
+        ], ())
+
         await_healthy("kube-controller-manager",
                       lambda: health.is_ok(f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz"))
         await_healthy("kube-scheduler",
@@ -357,6 +370,16 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
     info = replace(info, processes=tuple(started))
     _write_env(info, bins)
     return info
+
+
+def service_network_of(pod_network: str) -> str:
+    """The last /24 of the pod network: Service addresses stay apart from another cluster's."""
+    import ipaddress
+
+    net = ipaddress.ip_network(pod_network)
+    if net.prefixlen >= 24:
+        raise ClusterError(f"pod network {pod_network}: give a /23 or larger, or set service_network")
+    return str(list(net.subnets(new_prefix=24))[-1])
 
 
 def real_vllm_paths() -> dict[str, str]:
