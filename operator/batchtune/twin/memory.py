@@ -171,6 +171,24 @@ def check_config(cfg: ServeConfig) -> None:
         raise StartupFailure(f"Invalid block_size {cfg.block_size}: must be one of 8, 16, 32, 64, 128.")
 
 
+def kv_blocks(cfg: ServeConfig, kv_bytes: float) -> int:
+    """KV-cache blocks that fit in `kv_bytes`; vLLM's refusal when one max-length request would not fit."""
+    block_bytes = cfg.kv_bytes_per_token * cfg.block_size
+    num_blocks = int(kv_bytes // block_bytes)
+    needed = math.ceil(cfg.max_model_len / cfg.block_size) * block_bytes
+    if needed > kv_bytes:
+        estimated = min(cfg.max_model_len - 1, num_blocks * cfg.block_size)
+        estimate_msg = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
+                        if estimated > 0 else "")
+        raise StartupFailure(
+            f"To serve at least one request with the model's max seq len ({cfg.max_model_len}), "
+            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({format_gib(kv_bytes)} GiB). {estimate_msg}Try increasing `gpu_memory_utilization` (which also "
+            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+            f"See {DOCS_URL} for more details.")
+    return num_blocks
+
+
 def plan_memory(cfg: ServeConfig) -> MemoryPlan:
     """The memory plan vLLM would arrive at for `cfg`, or StartupFailure with vLLM's message."""
     check_config(cfg)
@@ -201,19 +219,7 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
             "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite "
             f"its name). See {DOCS_URL} for more details.")
     kv_per_token = cfg.kv_bytes_per_token
-    block_bytes = kv_per_token * cfg.block_size
-    num_blocks = int(available // block_bytes)
-    needed = math.ceil(cfg.max_model_len / cfg.block_size) * block_bytes
-    if needed > available:
-        estimated = min(cfg.max_model_len - 1, num_blocks * cfg.block_size)
-        estimate_msg = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
-                        if estimated > 0 else "")
-        raise StartupFailure(
-            f"To serve at least one request with the model's max seq len ({cfg.max_model_len}), "
-            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({format_gib(available)} GiB). {estimate_msg}Try increasing `gpu_memory_utilization` (which also "
-            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
-            f"See {DOCS_URL} for more details.")
+    num_blocks = kv_blocks(cfg, available)
     kv_tokens = num_blocks * cfg.block_size
     fb_used = CUDA_CONTEXT_GIB * GIB + requested
     return MemoryPlan(
@@ -262,19 +268,7 @@ def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
             f"is less than requested memory for kv ({format_gib(kv)}/{format_gib(requested)} GiB). "
             "Reduce CPU memory used by other processes.")
     kv_per_token = cfg.kv_bytes_per_token
-    block_bytes = kv_per_token * cfg.block_size
-    num_blocks = int(kv // block_bytes)
-    needed = math.ceil(cfg.max_model_len / cfg.block_size) * block_bytes
-    if needed > kv:
-        estimated = min(cfg.max_model_len - 1, num_blocks * cfg.block_size)
-        estimate_msg = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
-                        if estimated > 0 else "")
-        raise StartupFailure(
-            f"To serve at least one request with the model's max seq len ({cfg.max_model_len}), "
-            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
-            f"({format_gib(kv)} GiB). {estimate_msg}Try increasing `gpu_memory_utilization` (which also "
-            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
-            f"See {DOCS_URL} for more details.")
+    num_blocks = kv_blocks(cfg, kv)
     kv_tokens = num_blocks * cfg.block_size
     return MemoryPlan(
         total_gib=total / GIB,
