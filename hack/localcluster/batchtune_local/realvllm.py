@@ -15,6 +15,14 @@ the cached venv's `vllm` (or its `python` for `python -m vllm...`), with the sam
 
 `VLLM_CPU_KVCACHE_SPACE` is passed through only if the pod sets it: without it `--gpu-memory-utilization`
 is the share of the NUMA node's memory vLLM reserves, which is what the operator tunes.
+
+`VLLM_CPU_OMP_THREADS_BIND=nobind` and `OMP_NUM_THREADS=1` unless the pod sets them: vLLM's `auto` binding
+pins every server's worker to the same core (core 0 of the allowed list, the last one reserved for the API
+server), because each server sees the whole machine, as containers without a CPU manager do. On two cores a
+second server then starves: its worker took over 3 minutes to import next to a serving production (whose
+worker busy-polls ~75% of core 0 for a second after each step), and a trial timed out. Unbound but with
+two OpenMP threads per worker, two servers fight at OpenMP barriers (inter-token 300 ms instead of 3 ms).
+Unbound with one thread each (what `auto` gives one server on this machine), the kernel spreads them.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+NODE_DEFAULTS = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 AGENT_PYTHON_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
 
 
@@ -76,6 +85,8 @@ def plan(words: Sequence[str], venv: Path, environ: Mapping[str, str]) -> tuple[
             rest = ["serve", *bind_host(rest[1:], pod_ip)]
         argv = [executable, *rest]
     env = {k: v for k, v in environ.items() if k not in AGENT_PYTHON_ENV}
+    for key, value in NODE_DEFAULTS.items():
+        env.setdefault(key, value)
     env.update(OFFLINE_ENV)
     env["VLLM_HOST_IP"] = pod_ip
     env["VIRTUAL_ENV"] = str(venv)
