@@ -428,7 +428,8 @@ def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace
 @pytest.mark.timeout(1500)
 def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kube, real_namespace, real_operator,
                                                                         real_cluster, model_dir):
-    """Tune to max-num-seqs 2 (it meets the SLO under the trial's light load), then flood production during
+    """Tune to max-num-seqs 2 (it meets the SLO under the trial's light load, measured by the operator's VllmBench
+    Job: real `vllm bench serve` in an init container, summarised by the operator image), then flood production during
     verify with far more concurrent users than 2 slots serve: e2e latency breaks the SLO, the served share
     falls, and the operator restores the previous args exactly. Also tries gmu 85%, which the twin's CPU-node
     model keeps (it assumes the node to itself) but which cannot start next to production on the real node."""
@@ -442,7 +443,8 @@ def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kub
         searchSpace={"maxNumSeqs": {"values": [2]}, "gpuMemoryUtilizationPercent": [85, 10]},
         strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 1},
         objective={"type": "OutputThroughput"},
-        load={"inputTokens": 64, "outputTokens": 32, "concurrency": 2},
+        # The engine's own benchmark as the load generator: `vllm bench serve` from production's image.
+        load={"generator": "VllmBench", "inputTokens": 64, "outputTokens": 32, "concurrency": 2},
         slo={"percentile": "P95", "e2eLatencyMilliseconds": 3000, "maxErrorRatePercent": 1},
         trial={"warmupSeconds": 5, "measureSeconds": 15, "readinessTimeoutSeconds": READY_TIMEOUT_S},
         apply={"verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50, "verifyMinRequests": 10,
@@ -454,6 +456,7 @@ def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kub
     # The real failure did not stop the search.
     assert trials[(2, 85)]["state"] in ("Infeasible", "Failed"), trials[(2, 85)]
     assert trials[(2, 10)]["state"] == "Done", trials[(2, 10)]
+    assert trials[(2, 10)]["metrics"].get("samples", 0) >= 100, trials[(2, 10)]  # the bench's 100 prompts
     flood = TinyTraffic(real_kube, ns, "app=llm", rate=50, max_tokens=64, concurrency=64, deadline_s=300)
     flood.start()
     try:
