@@ -131,6 +131,13 @@ def test_readiness_clock_may_start_at_the_trial(created_at, expected):
     pytest.param("error: argument --max-num-seqs: invalid int value: 'x'", Reason.ENGINE_REFUSED_ARGS, id="bad-arg"),
     pytest.param("Input should be less than or equal to 1 [type=less_than_equal]", Reason.ENGINE_REFUSED_ARGS,
                  id="pydantic-bound"),
+    pytest.param("Available memory on node 0 (14.03/16.59 GiB) on kv cache allocation is less than requested memory "
+                 "for kv (100.0 GiB). Reduce CPU memory used by other processes.",
+                 Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH, id="cpu-kv-request-above-free"),
+    pytest.param("Available memory on node 0 (0.85/16.59 GiB) on kv cache allocation is less than requested memory "
+                 "for kv (-0.01/0.85 GiB). Reduce CPU memory used by other processes.",
+                 Reason.KV_CACHE_TOO_SMALL, id="cpu-kv-share-negative-means-gmu-too-low"),
+    pytest.param("is less than requested memory for kv (0.0/0.85 GiB)", Reason.KV_CACHE_TOO_SMALL, id="cpu-kv-zero"),
     pytest.param("everything is fine", None, id="nothing-known"),
 ])
 def test_vllm_classify_failure(text, reason):

