@@ -114,6 +114,9 @@ class World:
     """Trial pods become ready as soon as their Deployment exists."""
     trial_failure: Callable[[int, int], str | None] = lambda seqs, gmu: None
     """A termination message for settings that crash at startup (None: they start)."""
+    trial_log: Callable[[int, int], str | None] = lambda seqs, gmu: None
+    """The engine container's log for a crashed setting (None: the log cannot be read)."""
+    logs_read: list[tuple[str, bool]] = field(default_factory=list)
     production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
     production_requests_per_second: float = 5.0
     intents: list[int] = field(default_factory=list)
@@ -280,6 +283,13 @@ class FakeCluster:
 
     def services(self, namespace: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.w.services)
+
+    def container_log(self, namespace: str, pod: str, container: str, previous: bool) -> str | None:
+        self.w.logs_read.append((pod, previous))
+        found = self.w.pods.get(pod)
+        if found is None:
+            return None
+        return self.w.trial_log(*_knobs(found["spec"]["containers"][0]))
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         name = obj["metadata"]["name"]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from batchtune.core.pods import TrialFailure, classify_pod, pod_is_ready
+from batchtune.core.pods import TrialFailure, classify_pod, log_wanted, pod_is_ready
 from batchtune.core.vocabulary import Reason
 from batchtune.engines import VLLM
 
@@ -153,3 +154,57 @@ def test_vllm_classify_failure(text, reason):
 ])
 def test_pod_ready_requires_ready_condition_and_no_deletion(pod, ready):
     assert pod_is_ready(pod) is ready
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "vllm-0.32.0-cpu" / "startup-failures"
+
+
+def _exited(message: str, restarted: bool = False) -> dict:
+    terminated = {"exitCode": 1, "reason": "Error", "message": message}
+    cs = {"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": terminated}} \
+        if restarted else {"name": "vllm", "state": {"terminated": terminated}}
+    return _pod(cs, created=10)
+
+
+def _kubelet_tail(log: str) -> str:
+    """What a termination message holds with FallbackToLogsOnError: the last 80 lines, at most 2 KiB."""
+    return "\n".join(log.splitlines()[-80:])[-2048:]
+
+
+@pytest.mark.parametrize("case, reason", [
+    pytest.param("kvcache-space-0", Reason.KV_CACHE_TOO_SMALL, id="no-kv-memory"),
+    pytest.param("kv-cache-memory-bytes-1048576", Reason.KV_CACHE_TOO_SMALL, id="kv-below-max-model-len"),
+    pytest.param("kvcache-space-100", Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH, id="kv-request-above-free"),
+    pytest.param("gpu-memory-utilization-0.99", Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH, id="gmu-above-free"),
+    pytest.param("max-num-batched-tokens-4", Reason.ENGINE_REFUSED_ARGS, id="args"),
+])
+def test_real_vllm_startup_failures_classify_from_the_log_when_the_tail_does_not_say(case, reason):
+    log = (GOLDEN / f"{case}.log").read_text()
+    for restarted in (False, True):
+        pod = _exited(_kubelet_tail(log), restarted)
+        wanted = log_wanted(pod, "vllm", VLLM)
+        tail_alone = classify_pod(pod, "vllm", NOW, 600, VLLM)
+        if wanted is None:  # the tail already names the cause
+            assert tail_alone is not None and tail_alone.reason is reason
+            continue
+        assert wanted is restarted  # the previous run's log once the container has restarted
+        failure = classify_pod(pod, "vllm", NOW, 600, VLLM, log=log)
+        assert failure is not None and failure.reason is reason, (case, failure)
+        assert VLLM.classify_failure(failure.message) is reason  # the line quoted says it
+
+
+def test_a_log_line_that_is_no_error_does_not_classify():
+    log = "INFO 12-01 [gpu.py:1] to avoid CUDA out of memory, lower --max-num-seqs\nEngine core initialization failed"
+    pod = _exited("Engine core initialization failed")
+    assert log_wanted(pod, "vllm", VLLM) is False
+    assert classify_pod(pod, "vllm", NOW, 600, VLLM, log=log) is None
+
+
+def test_no_log_is_wanted_for_a_running_or_recognised_or_oom_killed_container():
+    running = _pod({"name": "vllm", "state": {"running": {}}}, created=1000)
+    assert log_wanted(running, "vllm", VLLM) is None
+    assert log_wanted(_exited("ValueError: No available memory for the cache blocks."), "vllm", VLLM) is None
+    killed = _pod({"name": "vllm", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}, created=1000)
+    assert log_wanted(killed, "vllm", VLLM) is None
+    other = _pod({"name": "sidecar", "state": {"terminated": {"exitCode": 1, "message": "?"}}}, created=1000)
+    assert log_wanted(other, "vllm", VLLM) is None

@@ -109,6 +109,31 @@ def test_a_setting_that_cannot_start_is_infeasible_with_the_engines_reason_and_t
     assert all(by_seqs[s]["state"] == "Done" for s in (8, 16, 32))
 
 
+def test_a_startup_failure_whose_cause_is_only_in_the_log_is_read_from_the_previous_run_log():
+    # Real vLLM prints the cause ~90 lines above its end: the termination message's tail says only this.
+    w = world()
+    w.trial_failure = lambda seqs, gmu: "RuntimeError: Engine core initialization failed. See root cause above." \
+        if seqs == 64 else None
+    w.trial_log = lambda seqs, gmu: ("INFO 12-01 [core.py:1] Initializing a V1 LLM engine\n"
+                                     "(EngineCore pid=1) ERROR 12-01 [core.py:1510] ValueError: No available memory "
+                                     "for the cache blocks. Try increasing `gpu_memory_utilization`\n"
+                                     "RuntimeError: Engine core initialization failed. See root cause above.")
+    assert w.run_until(TERMINAL) == "Succeeded"
+    by_seqs = {t["setting"]["maxNumSeqs"]: t for t in w.status["trials"]}
+    assert by_seqs[64]["state"] == "Infeasible" and by_seqs[64]["reason"] == "KvCacheTooSmall"
+    assert "No available memory for the cache blocks" in by_seqs[64]["message"]
+    assert w.logs_read and all(previous for _, previous in w.logs_read)  # the crashed run, not the restart
+    assert {pod for pod, _ in w.logs_read} == {f"{by_seqs[64]['name']}-pod"}  # only the crashed trial's
+
+
+def test_an_unreadable_log_leaves_the_crash_a_plain_crash_loop():
+    w = world()
+    w.trial_failure = lambda seqs, gmu: "Engine core initialization failed" if seqs == 64 else None
+    assert w.run_until(TERMINAL) == "Succeeded"
+    by_seqs = {t["setting"]["maxNumSeqs"]: t for t in w.status["trials"]}
+    assert by_seqs[64]["reason"] == "CrashLoopBackOff"  # no cause known: the generic crash, not a memory verdict
+
+
 def test_trial_objects_outlive_the_outcome_write_never_the_reverse():
     w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
     for _ in range(200):

@@ -112,6 +112,10 @@ reads are granted by rbac.yaml only in the namespaces of prometheus.authSecretNa
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Application: a crashed trial's engine log, for the cause vLLM prints above the termination message's tail.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # Application: Services are read so a trial pod keeps none of the labels they select production by.
 - apiGroups: [""]
   resources: ["services"]

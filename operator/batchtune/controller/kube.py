@@ -33,6 +33,9 @@ from batchtune.core.manifests import (
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "batchtune"
+# vLLM prints a startup failure's cause ~90 lines above its last line, beyond the termination message's tail.
+LOG_TAIL_LINES = 400
+LOG_LIMIT_BYTES = 64 * 1024
 _CLIENT: client.ApiClient | None = None
 
 
@@ -179,6 +182,16 @@ class KubeCluster:
     def services(self, namespace: str) -> list[dict[str, Any]]:
         items = client.CoreV1Api(api()).list_namespaced_service(namespace).items
         return [{"spec": {"selector": (s.spec.selector or {}) if s.spec else {}}} for s in items]
+
+    def container_log(self, namespace: str, pod: str, container: str, previous: bool) -> str | None:
+        try:
+            return str(client.CoreV1Api(api()).read_namespaced_pod_log(
+                pod, namespace, container=container, previous=previous, tail_lines=LOG_TAIL_LINES,
+                limit_bytes=LOG_LIMIT_BYTES))
+        except ApiException as exc:
+            if exc.status in (400, 403, 404):  # gone, not started, or the install may not read logs
+                return None
+            raise
 
     def secret_value(self, namespace: str, name: str, key: str) -> str:
         try:

@@ -67,6 +67,9 @@ class Cluster(Protocol):
 
     def services(self, namespace: str) -> list[dict[str, Any]]: ...
 
+    def container_log(self, namespace: str, pod: str, container: str, previous: bool) -> str | None:
+        """The end of a trial container's log (the last run's when `previous`); None when it cannot be read."""
+
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Creates the object unless one of that name exists; True when created."""
 

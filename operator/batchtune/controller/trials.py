@@ -32,7 +32,7 @@ from batchtune.core.objective import Objective, objective_value
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome
 from batchtune.core.planning import EngineLimits, SearchSpace
 from batchtune.core.planning import PrunedSetting as CorePruned
-from batchtune.core.pods import TrialFailure, classify_pod, pod_is_ready
+from batchtune.core.pods import TrialFailure, classify_pod, log_wanted, pod_is_ready
 from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
@@ -263,12 +263,22 @@ def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> N
         tick.log.info("Trial %s is ready at %s", trial.name, trial.pod_ip)
         return
     failure = classify_pod(pod, str(target.container["name"]), tick.now, readiness, target.engine,
-                           created_at=_iso(trial.started_at)) if pod else None
+                           created_at=_iso(trial.started_at), log=engine_log(tick, target, pod)) if pod else None
     if pod is None and trial.started_at and trial.started_at + timedelta(seconds=readiness) < tick.now:
         failure = TrialFailure(Reason.READINESS_TIMEOUT, f"no ready pod after {readiness}s "
                                                          "(spec.trial.readinessTimeoutSeconds)")
     if failure is not None:
         failed(tick, trial, failure)
+
+
+def engine_log(tick: Tick, target: Target, pod: Mapping[str, Any]) -> str | None:
+    """The engine container's log, only when it exited with a message that does not say why."""
+    container = str(target.container["name"])
+    previous = log_wanted(pod, container, target.engine)
+    if previous is None:
+        return None
+    meta = pod.get("metadata") or {}
+    return tick.ports.cluster.container_log(tick.tuning.namespace, str(meta.get("name")), container, previous)
 
 
 def failed(tick: Tick, trial: TrialRecord, failure: TrialFailure) -> None:
@@ -283,7 +293,8 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
     assert tick.spec is not None
     pod = trial_pod(tick, trial)
     if pod is None or not pod_is_ready(pod):
-        failure = classify_pod(pod, str(target.container["name"]), tick.now, 0, target.engine) if pod else None
+        failure = classify_pod(pod, str(target.container["name"]), tick.now, 0, target.engine,
+                               log=engine_log(tick, target, pod)) if pod else None
         failed(tick, trial, failure or TrialFailure(Reason.TRIAL_POD_LOST,
                                                     "the trial pod stopped being ready under load"))
         return

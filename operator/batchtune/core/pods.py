@@ -40,6 +40,11 @@ def _telling_line(message: str, reason: Reason, engine: Engine, limit: int = 400
     return _first_line(message, limit)
 
 
+def _error_lines(log: str) -> str:
+    """The log's error lines only: an INFO or WARNING line that mentions memory is no verdict on the setting."""
+    return "\n".join(line for line in log.splitlines() if "error" in line.lower() or "exception" in line.lower())
+
+
 def _age_seconds(timestamp: str | None, now: datetime) -> float:
     if not timestamp:
         return 0.0
@@ -48,8 +53,12 @@ def _age_seconds(timestamp: str | None, now: datetime) -> float:
 
 
 def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, readiness_timeout_s: float,
-                 engine: Engine, created_at: str | None = None) -> TrialFailure | None:
-    """Returns why the pod can never become a ready vLLM server, or None while it still may."""
+                 engine: Engine, created_at: str | None = None, log: str | None = None) -> TrialFailure | None:
+    """Returns why the pod can never become a ready vLLM server, or None while it still may.
+
+    `log` is the end of the engine container's log, read when `log_wanted` says so: the engine's own
+    cause of a startup failure is often above the termination message's tail.
+    """
     status = pod.get("status") or {}
     for cond in status.get("conditions") or []:
         if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
@@ -76,6 +85,10 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, r
             known = engine.classify_failure(message)
             if known is not None:
                 return TrialFailure(known, _telling_line(message, known, engine))
+            errors = _error_lines(log) if log else ""
+            known = engine.classify_failure(errors) if errors else None
+            if known is not None:
+                return TrialFailure(known, _telling_line(errors, known, engine))
         if waiting.get("reason") == "CrashLoopBackOff":
             detail = _first_line(terminated.get("message") or "") or waiting.get("message") or "container keeps exiting"
             return TrialFailure(Reason.CRASH_LOOP_BACK_OFF, detail)
@@ -83,6 +96,24 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, r
     if _age_seconds(created_at or (pod.get("metadata") or {}).get("creationTimestamp"), now) > readiness_timeout_s:
         return TrialFailure(Reason.READINESS_TIMEOUT,
                             f"not ready after {int(readiness_timeout_s)}s (spec.trial.readinessTimeoutSeconds)")
+    return None
+
+
+def log_wanted(pod: Mapping[str, Any], container: str | None, engine: Engine) -> bool | None:
+    """None: no log needed; else whether to read the previous run's log (True) or the current one's (False).
+
+    Wanted when the engine container has exited with a message the engine's failure signatures do not
+    recognise: the cause is then usually further up its log.
+    """
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container and cs.get("name") != container:
+            continue
+        state = cs.get("state") or {}
+        terminated = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if not terminated or terminated.get("reason") == "OOMKilled" or terminated.get("exitCode") == 137:
+            continue
+        if engine.classify_failure(terminated.get("message") or "") is None:
+            return "terminated" not in state  # restarted since: the failure is the previous run's
     return None
 
 
