@@ -23,7 +23,7 @@ from operator_env import Operator, Traffic, batchtuning, condition, container_of
 
 import batchtune_local as lc
 from batchtune.core.manifests import LoadProfile, build_bench_job, build_load_job
-from batchtune.core.pods import classify_pod
+from batchtune.core.pods import classify_pod, log_wanted
 from batchtune.engines import VLLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ SERVED = "tiny"
 NO_UID = "00000000-0000-0000-0000-000000000000"
 PROMPTS = 320  # per load-generator run: ~10 s at 4 streams
 READY_TIMEOUT_S = 300  # 20-60 s on a quiet 2-core machine; ~100 s seen with the load average at 20
-# What the xfail-strict test below reads: results of tests that ran before it in this module.
+# What the last test below reads: results of tests that ran before it in this module.
 OBSERVED: dict[str, Any] = {}
 
 
@@ -285,7 +285,9 @@ class TestOneRealServer:
             live_cause = root_cause(log) or ""
             assert VLLM.classify_failure(live_cause) == expected, (case, live_cause)
             assert _shape(live_cause) == _shape(golden["root_cause"]), (case, live_cause, golden["root_cause"])
-            failure = classify_pod(pod, "vllm", _now(), 600, VLLM)
+            # As the operator does: the log too when the termination message's tail does not say why.
+            failure = classify_pod(pod, "vllm", _now(), 600, VLLM,
+                                   log=log if log_wanted(pod, "vllm", VLLM) is not None else None)
             OBSERVED[f"classify_pod:{case}"] = (failure.reason.value if failure else None, terminated["message"][-300:])
             if expected.value == "EngineRefusedArgs":
                 assert failure is not None and failure.reason == expected, OBSERVED[f"classify_pod:{case}"]
@@ -472,10 +474,9 @@ def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kub
     assert mark["state"] == "RolledBack" and mark["previous"] == {"args": args}
 
 
-@pytest.mark.xfail(strict=True, reason="the operator classifies a trial pod only from state.terminated.message; "
-                   "for vLLM's engine-core startup failures (memory, KV cache) the root cause is ~90 log lines above "
-                   "the end, beyond the kubelet's FallbackToLogsOnError tail (80 lines, 2 KiB): it needs the pod log")
 def test_engine_core_startup_failures_are_classified_from_the_real_log():
+    """vLLM's engine-core startup failures (memory, KV cache) print the cause ~90 lines above the end, beyond the
+    kubelet's FallbackToLogsOnError tail (80 lines, 2 KiB): the operator reads the pod log for them."""
     if "classify_pod:gpu-memory-utilization-0.99" not in OBSERVED and OBSERVED.get("gmu85") is None:
         pytest.skip("the tests that observe real startup failures did not run")
     reason, tail = OBSERVED.get("classify_pod:gpu-memory-utilization-0.99", (None, ""))
