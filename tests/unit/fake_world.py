@@ -117,6 +117,10 @@ class World:
     trial_log: Callable[[int, int], str | None] = lambda seqs, gmu: None
     """The engine container's log for a crashed setting (None: the log cannot be read)."""
     logs_read: list[tuple[str, bool]] = field(default_factory=list)
+    requests_per_second: float | None = None
+    """Requests a load run finishes per measured second (None: always 200, enough for any percentile)."""
+    load_runs: list[tuple[str, int]] = field(default_factory=list)
+    """(Job name, measured seconds) of every load run, in order."""
     production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
     production_requests_per_second: float = 5.0
     intents: list[int] = field(default_factory=list)
@@ -218,7 +222,11 @@ class World:
             dep = self.deployments.get(f"{self.name}-trial-{trial}")
             seqs, gmu = _knobs(dep["spec"]["template"]["spec"]["containers"][0]) if dep else (1, 90)
             figures = self.model(seqs, gmu, load)
-            summary = {"completed": 200, "failed": 0, "samples": 200,
+            measured = int(args[args.index("--duration") + 1]) - int(args[args.index("--warmup-seconds") + 1]) \
+                if "--duration" in args else 60
+            self.load_runs.append((job["metadata"]["name"], measured))
+            done = 200 if self.requests_per_second is None else int(self.requests_per_second * measured)
+            summary = {"completed": done, "failed": 0, "samples": done,
                        "measure_start": (start + timedelta(seconds=10)).timestamp(), "measure_end": end.timestamp(),
                        "p95_itl_ms": figures[M.ITL_MS], "p95_ttft_ms": figures[M.TTFT_MS],
                        "p95_e2el_ms": figures[M.E2E_MS], "request_throughput": figures[M.REQUEST_THROUGHPUT],

@@ -20,6 +20,7 @@ from batchtune.core.protocol import (
     capacity_start,
     close_step,
     conclude,
+    longer_run,
     neighbours_of,
     next_load,
     search_next,
@@ -292,3 +293,29 @@ def test_no_capacity_message_names_the_failure_before_any_cross_check_note():
                                   "itlMs: 33% apart")
     # Selection quotes the message when it rejects the trial: the reader sees why, not just the note.
     assert "only 9 requests" in conclusion.outcome(Objective.SLO_CAPACITY).message
+
+
+# ---- a run too thin to judge -------------------------------------------------------------------
+
+THIN_SLO = SloTargets(itl_ms=50, headroom_percent=10)
+
+
+def thin(samples: float, itl: float = 20.0) -> dict[str, float]:
+    return {M.SAMPLES: samples, M.ITL_MS: itl, M.ERROR_RATE_PERCENT: 0.0}
+
+
+@pytest.mark.parametrize("metrics, seconds, wanted", [
+    pytest.param(thin(15), 30, 50, id="from-the-rate-seen-with-a-quarter-to-spare"),
+    pytest.param(thin(19), 30, 40, id="one-short"),
+    pytest.param(thin(3), 30, 120, id="capped-at-four-windows"),
+    pytest.param(thin(0), 30, 120, id="none-finished-goes-to-the-cap"),
+    pytest.param(thin(10), 100, 120, id="an-already-longer-window-to-the-cap"),
+    pytest.param(thin(20), 30, None, id="enough"),
+    pytest.param(thin(5, itl=80), 30, None, id="already-violating-more-requests-cannot-save-it"),
+    pytest.param(thin(5), 120, None, id="at-the-cap"),
+    pytest.param({M.ITL_MS: 20.0, M.ERROR_RATE_PERCENT: 0.0}, 30, None, id="no-count-no-lengthening"),
+    pytest.param(thin(math.nan), 30, None, id="nan-count"),
+])
+def test_a_thin_run_is_run_longer_from_the_rate_it_saw(metrics, seconds, wanted):
+    assert longer_run(metrics, seconds, 30, THIN_SLO) == wanted
+

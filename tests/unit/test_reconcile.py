@@ -462,6 +462,36 @@ def test_production_token_lengths_reach_the_load_generator():
     assert args[args.index("--input-len") + 1] == "300" and args[args.index("--output-len") + 1] == "100"
 
 
+def test_a_run_with_too_few_requests_is_run_again_longer_and_then_judged():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1})
+    w.requests_per_second = 0.5  # 15 requests in the 30 s window: too few for a p95
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}) == "Succeeded"
+    assert [seconds for _, seconds in w.load_runs] == [30, 50]  # 30 * 20 / 15 with a quarter to spare
+    assert len({name for name, _ in w.load_runs}) == 2  # a new Job, never the old one again
+    (step,) = w.status["trials"][0]["steps"]
+    assert step["measureSeconds"] == 50 and step["lengthened"] == 1
+    assert step["verdict"] == "Met" and step["metrics"]["samples"] == 25
+
+
+def test_a_run_still_too_thin_at_the_longest_window_is_unknown_and_says_why():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1},
+              objective={"type": "OutputThroughput"})
+    w.requests_per_second = 0.1
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}) == "Failed"
+    assert [seconds for _, seconds in w.load_runs] == [30, 120]  # capped at 4x spec.trial.measureSeconds
+    trial = w.status["trials"][0]
+    assert trial["state"] == "Done" and trial["verdict"] == "Unknown"
+    assert trial["message"].startswith("only 12 requests behind the percentiles")  # what a rejection quotes
+
+
+def test_the_capacity_search_keeps_the_window_an_earlier_step_needed():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1})
+    w.requests_per_second = 0.1
+    w.run_until({"Succeeded", "Recommended", "Failed"})
+    seconds = [seconds for _, seconds in w.load_runs]
+    assert seconds[:2] == [30, 120] and len(seconds) > 2 and set(seconds[2:]) == {120}
+
+
 @pytest.mark.parametrize("objective, best", [
     pytest.param("GpuUtilization", 64, id="gpu-utilization-prefers-the-busiest-gpu"),
     pytest.param("TokensPerJoule", 8, id="tokens-per-joule-prefers-the-frugal-one"),

@@ -636,6 +636,10 @@ class LoadStepRecord(_Status):
     """Repeat in progress, from 0."""
     attempt: Annotated[int, Field(ge=0)] = 0
     """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
+    measure_seconds: Annotated[int, Field(ge=1)] | None = None
+    """This step's measurement window when runs were lengthened past spec.trial.measureSeconds (too few requests)."""
+    lengthened: Annotated[int, Field(ge=0)] = 0
+    """How many of the attempts were lengthened runs rather than failed ones."""
     job: str | None = None
     """Name of the current load-generator Job."""
     results: list[RunRecord] = Field(default_factory=list)

@@ -38,7 +38,7 @@ from batchtune.core.production import fingerprint
 from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
 from batchtune.core.slo import SloTargets
-from batchtune.core.vocabulary import Phase, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
 
 # A load run whose data never shows up is run again this many times, then the trial is Failed.
 MAX_MEASURE_ATTEMPTS = 3
@@ -305,7 +305,9 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         if load is None:
             conclude(tick, trial, config)
             return
-        current = LoadStepRecord(load=load)
+        # A window that had to grow for an earlier step is where the next one starts: lower loads finish fewer.
+        current = LoadStepRecord(load=load, measure_seconds=max(
+            (s.measure_seconds for s in steps if s.measure_seconds), default=None))
         steps.append(current)
     name = load_job_name(tick.tuning.name, trial.index, len(steps) - 1, current.repeat, current.attempt)
     if current.job != name:
@@ -360,6 +362,12 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
               + ", ".join(gaps))
         return
     result = measurement.run_result(values, summary, config.slo.percentile)
+    seconds = current.measure_seconds or tick.spec.trial.measure_seconds
+    longer = None if tick.spec.load.num_prompts else protocol.longer_run(
+        result.metrics, seconds, tick.spec.trial.measure_seconds, config.slo)
+    if longer is not None:
+        lengthen(tick, trial, current, longer, result.metrics.get(M.SAMPLES))
+        return
     current.results.append(RunRecord(metrics=dict(result.metrics), cross_check=result.cross_check))
     if len(current.results) < config.repeats:
         current.repeat += 1
@@ -371,11 +379,20 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
 
 
 def retry(tick: Tick, trial: TrialRecord, step: LoadStepRecord, reason: Reason, message: str) -> None:
-    """Run the load again as a new Job (the old one is garbage), up to MAX_MEASURE_ATTEMPTS."""
+    """Run the load again as a new Job (the old one is garbage), up to MAX_MEASURE_ATTEMPTS failed ones."""
     step.attempt += 1
     tick.log.warning("Trial %s: %s; attempt %d", trial.name, message, step.attempt)
-    if step.attempt >= MAX_MEASURE_ATTEMPTS:
+    if step.attempt - step.lengthened >= MAX_MEASURE_ATTEMPTS:
         finish(tick, trial, TrialState.FAILED, reason, f"{MAX_MEASURE_ATTEMPTS} attempts: {message}", Verdict.UNKNOWN)
+
+
+def lengthen(tick: Tick, trial: TrialRecord, step: LoadStepRecord, seconds: int, samples: float | None) -> None:
+    """Run this load again for `seconds` as a new Job: the last run finished too few requests to judge."""
+    step.measure_seconds = seconds
+    step.lengthened += 1
+    step.attempt += 1
+    tick.log.info("Trial %s: %s requests in the window at load %d; measuring %ds", trial.name,
+                  "no" if not samples else int(samples), step.load, seconds)
 
 
 def next_load(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> int | None:
@@ -419,7 +436,7 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         output_tokens=(workload.output_tokens if workload and workload.output_tokens else load.output_tokens),
         concurrency=None if config.open_loop else step.load,
         requests_per_minute=step.load if config.open_loop else None,
-        duration_seconds=None if load.num_prompts else spec.trial.measure_seconds,
+        duration_seconds=None if load.num_prompts else step.measure_seconds or spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
         percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps))
     model = tick.status.plan.served_model if tick.status.plan and tick.status.plan.served_model else ""

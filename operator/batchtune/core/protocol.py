@@ -27,6 +27,8 @@ MAX_LOAD_STEPS = 5
 RESOLUTION = 0.1
 """The search stops when the highest pass sits within this fraction of the SLO limit, or of the lowest fail."""
 OPEN_LOOP_CEILING = 10_000_000
+MAX_LENGTHENING = 4
+"""A run with too few requests to judge is run again longer, up to this many times spec.trial.measureSeconds."""
 
 # Worst case over repeats: the highest latency/error/queue, the lowest throughput, the mean of the rest.
 HIGHER_IS_WORSE = frozenset({
@@ -188,6 +190,26 @@ def close_step(load: int, runs: Sequence[RunResult], config: ProtocolConfig) -> 
                       _round(slo_margin(combined, config.slo)), notes[0][:500] if notes else None)
 
 
+def longer_run(metrics: Mapping[str, float], seconds: int, base_seconds: int, slo: SloTargets) -> int | None:
+    """The window to run this load again for, when `seconds` gave too few requests to judge; else None.
+
+    A slow setting at a low load finishes fewer requests than a percentile needs (`slo.min_samples`):
+    that is no verdict, and no reason to give up on the setting, so the run is repeated for long enough
+    to collect them (from the rate seen, with a quarter to spare), at most `MAX_LENGTHENING` times the
+    configured window. A run that already breaks a limit is not lengthened: more requests cannot save it.
+    """
+    samples = metrics.get(M.SAMPLES)
+    if not _is_number(samples) or not math.isfinite(samples) or samples >= slo.min_samples:
+        return None
+    if evaluate_slo(metrics, slo).verdict is not Verdict.UNKNOWN:
+        return None
+    ceiling = base_seconds * MAX_LENGTHENING
+    if seconds >= ceiling:
+        return None
+    wanted = seconds * MAX_LENGTHENING if samples <= 0 else math.ceil(seconds * slo.min_samples * 1.25 / samples)
+    return min(ceiling, wanted)  # always longer: fewer than min_samples means a ratio above 1.25
+
+
 # ---- the next step ---------------------------------------------------------------------------
 
 
@@ -301,8 +323,12 @@ def conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion:
                           "no load step was measured")
     if not config.searches_capacity:
         step = steps[-1]
-        return Conclusion(_figures(step, steps), step.verdict, step.verdict_reason, Reason.MEASURED,
-                          step.cross_check or f"measured at load {step.load}", len(steps))
+        if step.passed:
+            message = step.cross_check or f"measured at load {step.load}"
+        else:  # what a rejection quotes: why the step failed first, a cross-check note after it
+            message = step.verdict_reason + (f"; {step.cross_check}" if step.cross_check else "")
+        return Conclusion(_figures(step, steps), step.verdict, step.verdict_reason, Reason.MEASURED, message,
+                          len(steps))
     passing = [s for s in steps if s.passed]
     if not passing:
         step = min(steps, key=lambda s: s.load)
