@@ -45,6 +45,14 @@ def releases(helm, kubectl) -> Iterator[list[tuple[str, str]]]:
     installed: list[tuple[str, str]] = []
     yield installed
     for release, namespace in installed:
+        # BatchTunings go while their operator still runs (it removes its finalizer); one it left is freed,
+        # so a failed test leaves nothing behind for the next one to trip on.
+        kubectl("delete", "batchtunings.batchtune.io", "--all", "-n", namespace, "--wait", "--timeout", "60s",
+                check=False)
+        left = kubectl("get", "batchtunings.batchtune.io", "-n", namespace, "-o", "name", check=False).stdout.split()
+        for name in left:
+            kubectl("patch", name, "-n", namespace, "--type", "merge", "-p", '{"metadata":{"finalizers":null}}',
+                    check=False)
         helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s", check=False)
         kubectl("delete", "clusterrolebinding", f"{release}-as-test-user", "--ignore-not-found", check=False)
 
@@ -130,7 +138,11 @@ def test_install_wait_upgrade_and_the_operator_reconciles_under_chart_rbac(
         return (bt.get("status") or {}).get("phase") in ("Recommended", "Failed") and bt
     bt = wait_for(decided, timeout=240, interval=1, what="the chart's operator to finish a tuning")
     assert bt["status"]["phase"] == "Recommended", json.dumps(bt["status"], indent=1)[-2000:]
-    assert kube.core.read_namespaced_config_map("real-report", namespace).binary_data["curves.png"]
+    # The report is rendered off the reconcile path after the decision: it follows within seconds.
+    report = wait_for(lambda: kube.core.list_namespaced_config_map(
+        namespace, field_selector="metadata.name=real-report").items, timeout=60, interval=1,
+        what="the report ConfigMap")[0]
+    assert report.binary_data["curves.png"]
     kube.custom.delete_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "real")
     wait_for(lambda: not kube.custom.list_namespaced_custom_object(
         "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"], timeout=60, what="cleanup of 'real'")

@@ -42,11 +42,13 @@ def _create(kube, namespace: str, body: dict) -> tuple[int, str]:
     return 201, ""
 
 
-def test_crd_is_established_and_served(kube, batchtuning_crd):
+def test_crd_is_established_and_served(kube, batchtuning_crd, namespace):
     crd = kube.apiext.read_custom_resource_definition(batchtuning_crd)
     assert crd.spec.group == GROUP
     assert VERSION in [v.name for v in crd.spec.versions if v.served]
-    assert kube.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"] == []
+    # Served both ways; other tests' objects may exist cluster-wide, a fresh namespace has none.
+    assert isinstance(kube.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"], list)
+    assert kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"] == []
 
 
 def test_valid_batchtuning_is_accepted(kube, batchtuning_crd, namespace):

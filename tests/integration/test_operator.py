@@ -258,8 +258,10 @@ def test_operator_killed_at_random_moments_finishes_an_auto_tuning_exactly_once(
             if phase in ("Succeeded", "Failed", "RolledBack", "Recommended"):
                 break
             time.sleep(rng.uniform(3, 14))
-            if kills < 20:
-                phases_killed.add((get_bt(kube, namespace, "tune").get("status") or {}).get("phase"))
+            now = (get_bt(kube, namespace, "tune").get("status") or {}).get("phase")
+            # Trials take longer on a loaded machine: keep a share of the 20 kills for apply and verify.
+            if kills < 20 and (now not in ("Planning", "Trialing", None) or kills < 14):
+                phases_killed.add(now)
                 operator.kill()
                 kills += 1
                 operator.start()
