@@ -117,6 +117,8 @@ class World:
     trial_log: Callable[[int, int], str | None] = lambda seqs, gmu: None
     """The engine container's log for a crashed setting (None: the log cannot be read)."""
     logs_read: list[tuple[str, bool]] = field(default_factory=list)
+    gpu_model: str | None = None
+    """dcgm-exporter's modelName on production's GPU series (None: no such series)."""
     requests_per_second: float | None = None
     """Requests a load run finishes per measured second (None: always 200, enough for any percentile)."""
     load_runs: list[tuple[str, int]] = field(default_factory=list)
@@ -392,6 +394,10 @@ class FakeReader:
     def production_peak_rate(self, production: Production, lookback_s: int) -> float | None:
         self._query()
         return 10.0
+
+    def production_gpu_model(self, production: Production) -> str | None:
+        self._query()
+        return self.w.gpu_model
 
 
 class FakeMetrics:

@@ -143,3 +143,28 @@ def test_production_counts_fast_failures_and_the_served_share(prometheus):
     assert out[M.ERROR_RATE_PERCENT] == pytest.approx(10.0)
     # 30 more requests in the system after 60 s: 0.5/s arrived and were not served.
     assert out["servedSharePercent"] == pytest.approx(100 * 9.2 / 9.7, abs=0.01)
+
+
+def models(*names: str) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"modelName": n} if n else {}, "value": [1.0, "1"]} for n in names]}}
+
+
+@pytest.mark.parametrize("body, expected", [
+    pytest.param(models("NVIDIA H100 80GB HBM3"), "NVIDIA H100 80GB HBM3", id="one-model"),
+    pytest.param(models("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"), None, id="two-models-is-no-answer"),
+    pytest.param(models(""), None, id="no-label"),
+    pytest.param(models(), None, id="no-series"),
+    pytest.param(models("NVIDIA \x1b[31mH100"), "NVIDIA  [31mH100", id="escapes-sanitised"),
+])
+def test_the_gpu_model_is_dcgms_one_model_name_for_production_pods(prometheus, body, expected):
+    FakePrometheus.queries = []
+    answer(body)
+    assert reader(prometheus).production_gpu_model(Production("ns", ("llm-0", "llm-1"))) == expected
+    assert FakePrometheus.queries == ['count by (modelName) (DCGM_FI_DEV_GPU_UTIL{namespace="ns",pod=~"llm-0|llm-1"})']
+
+
+def test_no_production_pod_asks_nothing(prometheus):
+    FakePrometheus.queries = []
+    assert reader(prometheus).production_gpu_model(Production("ns", ())) is None
+    assert FakePrometheus.queries == []

@@ -492,6 +492,24 @@ def test_the_capacity_search_keeps_the_window_an_earlier_step_needed():
     assert seconds[:2] == [30, 120] and len(seconds) > 2 and set(seconds[2:]) == {120}
 
 
+@pytest.mark.parametrize("gpu_model, note", [
+    pytest.param("NVIDIA H100 80GB HBM3", "memory prefilter: twin model of Llama-3.1-8B on H100-SXM", id="from-dcgm"),
+    pytest.param(None, "no dcgm-exporter modelName for its pods): memory prefilter skipped", id="unknown-said-so"),
+])
+def test_a_namespaced_operator_takes_the_gpu_model_for_the_twin_from_dcgm_never_as_a_node_pin(gpu_model, note):
+    w = world()
+    w.nodes = None  # a namespaced install cannot read Nodes
+    w.gpu_model = gpu_model
+    w.run_until({"Trialing"})
+    plan = w.status["plan"]
+    assert any(note in n for n in plan["notes"]), plan["notes"]
+    assert plan.get("gpuProduct") is None
+    while not any("-trial-" in name for name in w.deployments):
+        w.tick()
+    trial = next(d for name, d in w.deployments.items() if "-trial-" in name)
+    assert "nvidia.com/gpu.product" not in (trial["spec"]["template"]["spec"].get("nodeSelector") or {})
+
+
 @pytest.mark.parametrize("objective, best", [
     pytest.param("GpuUtilization", 64, id="gpu-utilization-prefers-the-busiest-gpu"),
     pytest.param("TokensPerJoule", 8, id="tokens-per-joule-prefers-the-frugal-one"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchtune.api import Baseline, EngineLimitsRecord, PlanRecord, PrunedSetting, Setting, WorkloadRecord
+from batchtune.controller.ports import MetricsReader
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
@@ -49,6 +50,17 @@ def gpu_product(tick: Tick, target: Target) -> str | None:
             if product:
                 return str(product)
     return None
+
+
+def gpu_model(tick: Tick, reader: MetricsReader, target: Target) -> str | None:
+    """The GPU model dcgm-exporter reports for production's pods: for the twin where nodes cannot be read.
+
+    Only the memory prefilter uses it; trial pods are never pinned by it (nodes may lack that label).
+    """
+    try:
+        return reader.production_gpu_model(tick.production(target))
+    except PrometheusUnavailable:
+        return None  # the prefilter is skipped, with its note; planning does not wait on it
 
 
 def plan(tick: Tick) -> None:
@@ -101,7 +113,7 @@ def plan(tick: Tick) -> None:
                          f"{WORKLOAD_LOOKBACK_SECONDS}s yet; waiting for traffic (or unset fromProduction)", warn=True)
             return
     product = gpu_product(tick, target)
-    fits, note = memory_fit(engine, baseline, product)
+    fits, note = memory_fit(engine, baseline, product or gpu_model(tick, reader, target))
     # Extra args come last on every trial's command line: their limits (--max-model-len, ...) win.
     limits = engine.limits(baseline.flags, tick.spec.search_space.extra_args or ())
     space = SearchSpace.from_spec(tick.spec.search_space)

@@ -195,6 +195,15 @@ class PrometheusReader:
             out["requestsPerMinute"] = max(1, round(rate * 60))
         return out
 
+    def production_gpu_model(self, production: Production) -> str | None:
+        """The one GPU model dcgm-exporter reports for production's pods, or None (none, or several)."""
+        if not production.pods:
+            return None
+        found = {labels.get("modelName") for labels, _ in self.vector(
+            promql.gpu_model_query(self.ctx, production.namespace, list(production.pods)))}
+        models = {sanitize(m, 100) for m in found if m}
+        return models.pop() if len(models) == 1 else None
+
     def production_peak_rate(self, production: Production, lookback_s: int) -> float | None:
         """Production's highest 1-minute request rate (requests per second) over the lookback."""
         if not production.pods:

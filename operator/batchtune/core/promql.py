@@ -272,6 +272,12 @@ def kv_pool_query(ctx: QueryContext, namespace: str, pod: str) -> str:
     return f"max by (num_gpu_blocks, block_size) ({check_metric_name(ctx.names['cache_config_info'])}{sel.render()})"
 
 
+def gpu_model_query(ctx: QueryContext, namespace: str, pods: list[str]) -> str:
+    """The GPU models dcgm-exporter reports for these pods (its `modelName` label, what NVML names)."""
+    sel = pods_selector(ctx.gpu_labels, namespace, pods)
+    return f"count by (modelName) ({check_metric_name(ctx.names['gpu_util'])}{sel.render()})"
+
+
 def production_queries(ctx: QueryContext, sel: Selector, window_s: int, finished_reason_label: str | None,
                        error_reasons: tuple[str, ...], http: HttpErrors | None = None) -> dict[str, str]:
     """Production's figures over a window (all its pods together), for verify."""

@@ -16,7 +16,8 @@ def memory_fit(engine: Engine, baseline: Invocation, gpu_product: str | None) ->
     if engine.name != "vllm":
         return None, f"memory prefilter skipped: the twin models vLLM, not {engine.display}"
     if not gpu_product:
-        return None, "GPU model unknown (no nvidia.com/gpu.product label on the target's nodes): memory prefilter skipped"
+        return None, ("GPU model unknown (no nvidia.com/gpu.product label on the target's nodes, no dcgm-exporter "
+                      "modelName for its pods): memory prefilter skipped")
     try:
         gpu = gpu_from_product_label(gpu_product)
         argv = list(baseline.argv) if baseline.form.endswith("api_server") else ["vllm", "serve", *baseline.argv]
