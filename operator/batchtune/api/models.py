@@ -34,6 +34,9 @@ from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.verify import InconclusivePolicy
 from batchtune.core.vocabulary import Phase, TrialState, Verdict
+from batchtune.core.workload import ArrivalProfile as CoreArrivalProfile
+from batchtune.core.workload import LengthDistribution as CoreLengthDistribution
+from batchtune.core.workload import WorkloadProfile as CoreWorkloadProfile
 
 API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
 
@@ -357,6 +360,15 @@ class SloSpec(_Spec):
         return {name: ms for name, ms in targets.items() if ms is not None}
 
 
+class ProductionWorkloadSpec(_Spec):
+    """How production's workload is measured (with fromProduction, and by spec.retune's drift watch)."""
+
+    lookback_seconds: Annotated[Int, Field(ge=600, le=2_592_000)] = 3600
+    """How far back production's traffic is measured: its length histograms, request rate and burstiness."""
+    min_requests: Annotated[Int, Field(ge=1, le=10_000_000)] = 100
+    """Requests the lookback must hold before a profile is trusted; fewer: the tuning waits (WaitingForProductionData)."""
+
+
 class LoadSpec(_Spec):
     """The load driven at each trial."""
 
@@ -373,7 +385,10 @@ class LoadSpec(_Spec):
     output_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 128
     """Output length in tokens."""
     from_production: Bool = False
-    """Derive token lengths (and the rate) from production's vLLM histograms instead of the fixed values."""
+    """Drive production's own workload: prompt and output lengths sampled from its length histograms and, with
+    neither concurrency nor requestsPerMinute set, open-loop arrivals at its peak rate with its burstiness."""
+    production: ProductionWorkloadSpec = Field(default_factory=ProductionWorkloadSpec)
+    """How production's workload is measured."""
     num_prompts: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
     """Requests to send per load run (then the run ends when they are answered) instead of running for
     trial.measureSeconds after the warm-up."""
@@ -437,6 +452,14 @@ class MetricNames(_Spec):
     """Gauge of KV-cache usage, 0..1 (default vllm:kv_cache_usage_perc, older vLLM: vllm:gpu_cache_usage_perc)."""
     cache_config_info: MetricName | None = None
     """Info metric with the KV-cache configuration (default vllm:cache_config_info)."""
+    request_prompt_tokens: MetricName | None = None
+    """Histogram of prompt tokens per request (default vllm:request_prompt_tokens)."""
+    request_generation_tokens: MetricName | None = None
+    """Histogram of generated tokens per request (default vllm:request_generation_tokens)."""
+    prefix_cache_queries: MetricName | None = None
+    """Counter of prompt tokens looked up in the prefix cache (default vllm:prefix_cache_queries_total)."""
+    prefix_cache_hits: MetricName | None = None
+    """Counter of prompt tokens found in the prefix cache (default vllm:prefix_cache_hits_total)."""
     gpu_util: MetricName | None = None
     """GPU utilization in percent (default DCGM_FI_DEV_GPU_UTIL)."""
     sm_active: MetricName | None = None
@@ -771,17 +794,109 @@ class PlanRecord(_Status):
     """When planning finished and trials could start."""
 
 
-class WorkloadRecord(_Status):
-    """The workload derived from production's metrics (spec.load.fromProduction)."""
+class LengthBucket(_Status):
+    """One bucket of a length histogram."""
 
+    le: Annotated[float, Field(gt=0)] | None = None
+    """Upper bound in tokens; unset: +Inf (above every finite bound)."""
+    count: Annotated[float, Field(ge=0)] = 0
+    """Requests whose length fell in this bucket (above the previous bound, at most this one) over the lookback."""
+
+
+class LengthDistributionRecord(_Status):
+    """A token-length distribution (from the engine's histogram)."""
+
+    mean: float | None = None
+    """Mean tokens per request."""
+    p50: float | None = None
+    """Median, interpolated inside its bucket."""
+    p90: float | None = None
+    """90th percentile."""
+    p99: float | None = None
+    """99th percentile."""
+    buckets: Annotated[list[LengthBucket], Field(max_length=64)] = Field(default_factory=list)
+    """The histogram the load generator samples from."""
+
+    @classmethod
+    def of(cls, dist: CoreLengthDistribution) -> LengthDistributionRecord:
+        def q(value: float | None) -> float | None:
+            return None if value is None else round(value, 1)
+        return cls(mean=q(dist.mean if dist.mean is not None else dist.bucket_mean()), p50=q(dist.quantile(0.5)),
+                   p90=q(dist.quantile(0.9)), p99=q(dist.quantile(0.99)),
+                   buckets=[LengthBucket(le=None if math.isinf(b) else b, count=round(c, 3))
+                            for b, c in dist.buckets[:64]])
+
+    def core(self) -> CoreLengthDistribution:
+        buckets = sorted((b.le if b.le is not None else math.inf, b.count) for b in self.buckets)
+        return CoreLengthDistribution(tuple(buckets), self.mean)
+
+
+class WorkloadRecord(_Status):
+    """The workload the trials drive, and every recommendation names: production's measured profile or the spec's."""
+
+    source: str | None = None
+    """production (measured), spec (spec.load's fixed lengths) or trace (spec.load.trace)."""
+    summary: Annotated[str, Field(max_length=1000)] | None = None
+    """The workload in one line."""
+    measured_at: datetime | None = None
+    """When production's profile was measured (the end of its lookback)."""
+    lookback_seconds: Annotated[int, Field(ge=1)] | None = None
+    """How far back production was measured."""
+    requests: Annotated[int, Field(ge=0)] | None = None
+    """Requests production served over the lookback."""
     input_tokens: Annotated[int, Field(ge=1)] | None = None
     """Mean prompt tokens per request."""
     output_tokens: Annotated[int, Field(ge=1)] | None = None
     """Mean generated tokens per request."""
     requests_per_minute: Annotated[int, Field(ge=1)] | None = None
-    """Production's request rate over the lookback."""
-    source: str | None = None
-    """Where the numbers came from."""
+    """Production's mean request rate over the lookback, per minute."""
+    requests_per_second: Annotated[float, Field(ge=0)] | None = None
+    """Production's mean request rate over the lookback."""
+    peak_requests_per_second: Annotated[float, Field(ge=0)] | None = None
+    """Production's highest rate over one rate window in the lookback."""
+    burstiness: Annotated[float, Field(gt=0)] | None = None
+    """Gamma shape of inter-arrival times (1: Poisson, below 1: burstier), as `vllm bench serve --burstiness`;
+    unset: not measured (the load is Poisson)."""
+    rate_window_seconds: Annotated[int, Field(ge=1)] | None = None
+    """Width of the windows the rate, peak and burstiness are counted over."""
+    prefix_cache_hit_percent: Annotated[float, Field(ge=0, le=100)] | None = None
+    """Share of prompt tokens served from the prefix cache, where the engine exposes it."""
+    prompt_lengths: LengthDistributionRecord | None = None
+    """Prompt tokens per request."""
+    output_lengths: LengthDistributionRecord | None = None
+    """Generated tokens per request."""
+    notes: Annotated[list[str], Field(max_length=10)] = Field(default_factory=list)
+    """What the profile could not measure and what was assumed instead."""
+
+    @classmethod
+    def of(cls, profile: CoreWorkloadProfile, measured_at: datetime) -> WorkloadRecord:
+        arrivals = profile.arrivals
+        mean_rate = arrivals.mean_per_second if arrivals else None
+        return cls(
+            source="production", summary=profile.summary()[:1000], measured_at=measured_at,
+            lookback_seconds=profile.lookback_seconds, requests=profile.requests,
+            input_tokens=max(1, round(profile.prompt_mean)), output_tokens=max(1, round(profile.output_mean)),
+            requests_per_minute=max(1, round(mean_rate * 60)) if mean_rate else None,
+            requests_per_second=round(mean_rate, 4) if mean_rate is not None else None,
+            peak_requests_per_second=round(arrivals.peak_per_second, 4) if arrivals else None,
+            burstiness=arrivals.burstiness if arrivals else None,
+            rate_window_seconds=arrivals.window_seconds if arrivals else None,
+            prefix_cache_hit_percent=profile.prefix_cache_hit_percent,
+            prompt_lengths=LengthDistributionRecord.of(profile.prompt),
+            output_lengths=LengthDistributionRecord.of(profile.output),
+            notes=[n[:300] for n in profile.notes[:10]])
+
+    def profile(self) -> CoreWorkloadProfile | None:
+        """The core profile back (for drift and the load generator); None unless measured from production."""
+        if self.source != "production" or self.prompt_lengths is None or self.output_lengths is None:
+            return None
+        arrivals = None
+        if self.requests_per_second is not None and self.peak_requests_per_second is not None:
+            arrivals = CoreArrivalProfile(self.requests_per_second, self.peak_requests_per_second, self.burstiness,
+                                          self.rate_window_seconds or 60, 0)
+        return CoreWorkloadProfile(self.lookback_seconds or 0, self.requests or 0, self.prompt_lengths.core(),
+                                   self.output_lengths.core(), arrivals, self.prefix_cache_hit_percent,
+                                   tuple(self.notes))
 
 
 class ContainerArgs(_Status):
@@ -808,6 +923,8 @@ class Recommendation(_Status):
     """Kustomize strategic-merge patch."""
     helm_values: str | None = None
     """Helm values snippet, where the chart's layout is known."""
+    workload: Annotated[str, Field(max_length=1000)] | None = None
+    """The workload this recommendation holds for (status.workload's summary): a setting is best only for one."""
     replicas_hint: Annotated[int, Field(ge=1)] | None = None
     """Replicas that serve production's observed peak request rate at this setting's SLO capacity."""
     container_name: str | None = None
@@ -875,7 +992,7 @@ class BatchTuningStatus(_Status):
     plan: PlanRecord | None = None
     """What planning found (re-planning from spec and this is deterministic)."""
     workload: WorkloadRecord | None = None
-    """The workload derived from production's metrics (spec.load.fromProduction)."""
+    """The workload the trials drive and the recommendation holds for."""
     applied: AppliedRecord | None = None
     """What was changed in production."""
 

@@ -356,6 +356,9 @@ def decision(bt: Mapping[str, Any]) -> Any:
             made.append(f"  (trial {safe(status['bestTrial'])})")
         made.append("\n  why: ", style="bold")
         made.append(safe(rec.get("reason", ""), multiline=True))
+        if rec.get("workload"):
+            made.append("\n  for: ", style="bold")
+            made.append(safe(rec["workload"]))
         if isinstance(rec.get("args"), list) and rec["args"]:
             made.append("\n  args: ", style="bold")
             made.append(" ".join(safe(a) for a in rec["args"]))
@@ -383,12 +386,51 @@ def decision(bt: Mapping[str, Any]) -> Any:
     return made
 
 
+def workload_block(bt: Mapping[str, Any], now: datetime) -> Any:
+    """The workload the trials drive: production's measured profile (rate, burstiness, lengths) or the spec's."""
+    from rich.text import Text
+
+    bt = clean(bt)
+    workload = (bt.get("status") or {}).get("workload") or {}
+    out = Text()
+    if not workload:
+        return out
+    out.append("Workload: ", style="bold")
+    if workload.get("source") != "production":
+        out.append(safe(workload.get("summary") or "spec.load's fixed lengths"))
+        return out
+    out.append(safe(f"production over {fmt(workload.get('lookbackSeconds'))}s, {fmt(workload.get('requests'))} "
+                    f"requests, measured {age(workload.get('measuredAt'), now)} ago"))
+    burst = workload.get("burstiness")
+    out.append("\n  arrivals: ", style="bold")
+    out.append(f"{fmt(workload.get('requestsPerSecond'), 2)} req/s mean, {fmt(workload.get('peakRequestsPerSecond'), 2)} "
+               f"peak ({fmt(workload.get('rateWindowSeconds'))}s windows), burstiness "
+               + (fmt(burst, 2) + (" (Poisson)" if burst == 1 else " (burstier than Poisson)" if
+                                   isinstance(burst, (int, float)) and burst < 1 else "")
+                  if burst is not None else "not measured (Poisson assumed)"))
+    for key, name in (("promptLengths", "prompt"), ("outputLengths", "output")):
+        dist = workload.get(key) or {}
+        out.append(f"\n  {name} tokens: ", style="bold")
+        out.append("mean " + "  ".join([fmt(dist.get("mean"))] + [f"{q} {fmt(dist.get(q))}" for q in ("p50", "p90", "p99")]))
+    if workload.get("prefixCacheHitPercent") is not None:
+        out.append("\n  prefix cache: ", style="bold")
+        out.append(f"{fmt(workload['prefixCacheHitPercent'])}% of prompt tokens hit")
+    for note in workload.get("notes") or []:
+        out.append("\n  note: ", style="bold yellow")
+        out.append(safe(note))
+    return out
+
+
 def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.console import Group
     from rich.text import Text
 
     bt = clean(bt)
-    parts: list[Any] = [header(bt, now), Text(""), trials_table(bt)]
+    parts: list[Any] = [header(bt, now)]
+    workload = workload_block(bt, now)
+    if workload.plain:
+        parts += [Text(""), workload]
+    parts += [Text(""), trials_table(bt)]
     notes = trial_notes(bt)
     if notes.plain:
         parts.append(notes)

@@ -64,6 +64,7 @@ def select(tick: Tick) -> None:
     rec = recommend(target.engine, target.deployment, target.container, chosen.best, extra)
     tick.status.recommendation = Recommendation(
         setting=Setting.of(chosen.best), args=rec.container.flat(), reason=chosen.reason[:2000],
+        workload=tick.status.workload.summary if tick.status.workload else None,
         json_patch=rec.json_patch, kustomize_patch=rec.kustomize_patch, helm_values=rec.helm_values,
         replicas_hint=replicas_needed(capacity, peak), container_name=rec.container_name,
         container=ContainerArgs.model_validate(rec.container.to_wire()))
@@ -74,8 +75,14 @@ def select(tick: Tick) -> None:
     if tick.apply_mode(target) == "Recommend":
         why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
                if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
-        message = f"Recommended {chosen.best.label()} ({why}): {chosen.reason}"
+        message = f"Recommended {chosen.best.label()} ({why}): {chosen.reason}" + _for(tick)
         tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
         tick.event(False, Reason.RECOMMENDATION_READY, message)
         return
-    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {chosen.reason}")
+    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {chosen.reason}" + _for(tick))
+
+
+def _for(tick: Tick) -> str:
+    """`; for <workload>`: the workload a decision holds for."""
+    workload = tick.status.workload
+    return f"; for {workload.summary}" if workload is not None and workload.summary else ""

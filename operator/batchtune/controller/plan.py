@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from batchtune.api import Baseline, EngineLimitsRecord, PlanRecord, PrunedSetting, Setting, WorkloadRecord
+from batchtune.api import Baseline, EngineLimitsRecord, LoadSpec, PlanRecord, PrunedSetting, Setting, WorkloadRecord
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
@@ -12,10 +10,11 @@ from batchtune.core.measurement import window_too_short
 from batchtune.core.planning import SearchSpace, plan_candidates
 from batchtune.core.policy import load_image_problem
 from batchtune.core.production import fingerprint
+from batchtune.core.promql import rate_window_seconds
 from batchtune.core.vocabulary import Phase, Reason
+from batchtune.core.workload import build_profile
 from batchtune.engines import ArgsError
 
-WORKLOAD_LOOKBACK_SECONDS = 3600
 MAX_PRUNED_IN_STATUS = 200
 
 
@@ -49,6 +48,55 @@ def gpu_product(tick: Tick, target: Target) -> str | None:
             if product:
                 return str(product)
     return None
+
+
+def spec_workload(load: LoadSpec) -> WorkloadRecord:
+    """The workload of a tuning that does not measure production: spec.load's fixed lengths."""
+    if load.concurrency is not None:
+        arrivals = f"closed loop at {load.concurrency} concurrent requests"
+    elif load.requests_per_minute is not None:
+        arrivals = f"Poisson arrivals at {load.requests_per_minute} requests/min"
+    else:
+        arrivals = "closed loop at each trial's load steps"
+    return WorkloadRecord(source="spec", input_tokens=load.input_tokens, output_tokens=load.output_tokens,
+                          requests_per_minute=load.requests_per_minute,
+                          summary=f"spec.load: {load.input_tokens} prompt and {load.output_tokens} output tokens "
+                                  f"per request (fixed), {arrivals}")
+
+
+def production_profile(tick: Tick, target: Target) -> WorkloadRecord | str:
+    """Production's measured workload, or why there is none (`PrometheusUnavailable` propagates)."""
+    assert tick.spec is not None
+    wanted = tick.spec.load.production
+    lookback = wanted.lookback_seconds
+    window = min(rate_window_seconds(tick.ports.install.scrape_interval_seconds), lookback)
+    observation = tick.reader(target.engine).production_workload(tick.production(target), lookback, window)
+    if observation is None:
+        return f"Deployment {tick.tuning.namespace}/{target.name} has no pods to measure"
+    result = build_profile(observation, wanted.min_requests)
+    if result.profile is None:
+        return result.problem or "no profile"
+    return WorkloadRecord.of(result.profile, tick.now)
+
+
+def measure_workload(tick: Tick, target: Target) -> WorkloadRecord | None:
+    """The workload this round holds for; None (after saying why) while production's cannot be measured yet."""
+    assert tick.spec is not None
+    if not tick.spec.load.from_production:
+        return spec_workload(tick.spec.load)
+    try:
+        profile = production_profile(tick, target)
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        return None
+    if isinstance(profile, str):
+        tick.status.phase = Phase.PLANNING
+        tick.waiting(Reason.WAITING_FOR_PRODUCTION_DATA,
+                     f"spec.load.fromProduction: {profile}; waiting for traffic (spec.load.production.lookbackSeconds "
+                     f"{tick.spec.load.production.lookback_seconds}, minRequests "
+                     f"{tick.spec.load.production.min_requests}), or unset fromProduction", warn=True)
+        return None
+    return profile
 
 
 def plan(tick: Tick) -> None:
@@ -87,19 +135,9 @@ def plan(tick: Tick) -> None:
         tick.status.phase = Phase.PLANNING
         return
     tick.prometheus_ok()
-    workload: dict[str, Any] | None = None
-    if tick.spec.load.from_production:
-        try:
-            workload = reader.production_workload(tick.production(target), WORKLOAD_LOOKBACK_SECONDS)
-        except PrometheusUnavailable as exc:
-            tick.prometheus_down(exc)
-            return
-        if workload is None:
-            tick.status.phase = Phase.PLANNING
-            tick.waiting(Reason.WAITING_FOR_PRODUCTION_DATA,
-                         f"spec.load.fromProduction: production has no prompt/output length histograms in the last "
-                         f"{WORKLOAD_LOOKBACK_SECONDS}s yet; waiting for traffic (or unset fromProduction)", warn=True)
-            return
+    workload = measure_workload(tick, target)
+    if workload is None:
+        return
     product = gpu_product(tick, target)
     fits, note = memory_fit(engine, baseline, product)
     # Extra args come last on every trial's command line: their limits (--max-model-len, ...) win.
@@ -123,7 +161,7 @@ def plan(tick: Tick) -> None:
         engine_limits=EngineLimitsRecord(max_model_len=limits.max_model_len, chunked_prefill=limits.chunked_prefill,
                                          max_num_batched_tokens=limits.max_num_batched_tokens),
         candidates=len(candidates.candidates), notes=[note, *candidates.notes][:20], started_at=tick.now)
-    tick.status.workload = WorkloadRecord.model_validate(workload) if workload else None
+    tick.status.workload = workload
     tick.status.trials_planned = planned
     tick.status.trials_completed = 0
     per_trial = container_gpus(target.container)

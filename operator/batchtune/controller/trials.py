@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord
+from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord, WorkloadRecord
 from batchtune.api.models import BatchTuningSpec
 from batchtune.controller.ports import Owned
 from batchtune.controller.prometheus import PrometheusUnavailable
@@ -39,6 +39,7 @@ from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
 from batchtune.core.slo import SloTargets
 from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
+from batchtune.core.workload import bucket_text
 
 # A load run whose data never shows up is run again this many times, then the trial is Failed.
 MAX_MEASURE_ATTEMPTS = 3
@@ -51,15 +52,18 @@ INFEASIBLE = frozenset({Reason.OOM_KILLED, Reason.OUT_OF_MEMORY, Reason.KV_CACHE
 # ---- status <-> protocol -------------------------------------------------------------------
 
 
-def protocol_config(spec: BatchTuningSpec, workload: Mapping[str, Any] | None) -> ProtocolConfig:
-    """How this BatchTuning measures its trials."""
+def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> ProtocolConfig:
+    """How this BatchTuning measures its trials.
+
+    With fromProduction and neither concurrency nor requestsPerMinute, the load is open loop at
+    production's own peak rate (a capacity search starts there), with its burstiness.
+    """
     objective = Objective(spec.objective.type)
     load = spec.load
     rate = load.requests_per_minute
-    production_rate = (workload or {}).get("requestsPerMinute")
-    if rate is None and load.concurrency is None and load.from_production and production_rate \
-            and objective is not Objective.SLO_CAPACITY:
-        rate = int(production_rate)  # production's own arrival rate, as an open loop
+    peak = workload.peak_requests_per_second if workload is not None and workload.source == "production" else None
+    if rate is None and load.concurrency is None and load.from_production and peak:
+        rate = max(1, round(peak * 60))
     fixed = rate if rate is not None else load.concurrency
     return ProtocolConfig(objective=objective, slo=SloTargets.from_spec(spec.slo), open_loop=rate is not None,
                           repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed)
@@ -135,7 +139,7 @@ def trials(tick: Tick) -> None:
         target_changed(tick, target)
         return
     owned = tick.ports.cluster.owned(tick.tuning.namespace, tick.tuning.uid)
-    config = protocol_config(tick.spec, tick.status.workload.to_wire() if tick.status.workload else None)
+    config = protocol_config(tick.spec, tick.status.workload)
     for trial in tick.status.trials:
         if trial.state in (TrialState.PENDING, TrialState.DEPLOYING):
             deploying(tick, target, trial, owned)
@@ -430,7 +434,9 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
     assert tick.spec is not None
     load, spec = tick.spec.load, tick.spec
     workload = tick.status.workload
-    config = protocol_config(spec, workload.to_wire() if workload else None)
+    config = protocol_config(spec, workload)
+    measured = workload.profile() if workload is not None and load.from_production else None
+    limits = tick.status.plan.engine_limits if tick.status.plan else None
     profile = LoadProfile(
         input_tokens=(workload.input_tokens if workload and workload.input_tokens else load.input_tokens),
         output_tokens=(workload.output_tokens if workload and workload.output_tokens else load.output_tokens),
@@ -438,7 +444,11 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         requests_per_minute=step.load if config.open_loop else None,
         duration_seconds=None if load.num_prompts else step.measure_seconds or spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
-        percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps))
+        percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps),
+        burstiness=measured.burstiness if measured is not None else 1.0,
+        prompt_lengths=bucket_text(measured.prompt) if measured is not None else None,
+        output_lengths=bucket_text(measured.output) if measured is not None else None,
+        max_model_len=limits.max_model_len if limits else None)
     model = tick.status.plan.served_model if tick.status.plan and tick.status.plan.served_model else ""
     base_url = f"http://{trial.pod_ip}:{trial.port}"
     operator_image = tick.ports.install.operator_image

@@ -205,6 +205,12 @@ class LoadProfile:
     burstiness: float = 1.0
     """Gamma shape of inter-arrival times (1: Poisson; below 1: burstier)."""
     seed: int = 0
+    prompt_lengths: str | None = None
+    """Production's prompt-length histogram (`le:count,...`) to sample from; None: input_tokens each."""
+    output_lengths: str | None = None
+    """Production's output-length histogram to sample from; None: output_tokens each."""
+    max_model_len: int | None = None
+    """The engine's context length: sampled prompt plus output lengths stay within it."""
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.requests_per_minute is None):
@@ -240,6 +246,12 @@ def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:
     else:
         assert profile.requests_per_minute is not None
         args += ["--request-rate", f"{profile.requests_per_minute / 60:.6g}", "--burstiness", f"{profile.burstiness:g}"]
+    if profile.prompt_lengths:
+        args += ["--prompt-buckets", profile.prompt_lengths]
+    if profile.output_lengths:
+        args += ["--output-buckets", profile.output_lengths]
+    if profile.max_model_len:
+        args += ["--max-model-len", str(profile.max_model_len)]
     host = urlsplit(base_url).hostname or ""
     if not host.startswith("127."):
         args.append("--allow-non-loopback")  # real clusters: pod IPs are not loopback
@@ -321,7 +333,7 @@ def build_bench_job(
     warmups = profile.concurrency or 1
     argv = engine.bench_argv(base_url, model, tokenizer, profile.input_tokens, profile.output_tokens,
                              profile.concurrency, profile.requests_per_minute, prompts, warmups, profile.seed,
-                             "/tmp", "result.json")
+                             "/tmp", "result.json", burstiness=profile.burstiness)
     if argv is None:
         raise ValueError(f"{engine.display} has no benchmark client of its own; use spec.load.generator: Builtin")
     bench = _container("bench", image, argv[:1], argv[1:])

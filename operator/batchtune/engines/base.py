@@ -29,7 +29,7 @@ ENGINE_METRIC_ROLES = (
     "e2e_request_latency", "time_to_first_token", "inter_token_latency", "request_queue_time",
     "generation_tokens", "prompt_tokens", "request_success", "num_preemptions", "num_requests_running",
     "num_requests_waiting", "kv_cache_usage", "cache_config_info", "request_prompt_tokens",
-    "request_generation_tokens", "iteration_tokens",
+    "request_generation_tokens", "iteration_tokens", "prefix_cache_queries", "prefix_cache_hits",
 )
 
 
@@ -215,8 +215,11 @@ class Engine(ABC):
 
     def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
                    concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
-                   seed: int, result_dir: str, result_file: str) -> list[str] | None:
-        """The command of the engine's own benchmark client for one load run, or None when it has none."""
+                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0) -> list[str] | None:
+        """The command of the engine's own benchmark client for one load run, or None when it has none.
+
+        `burstiness` is the gamma shape of open-loop arrivals (1: Poisson), as `vllm bench serve` means it.
+        """
         return None
 
     # ---- the engine's limits ------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Production's workload through the reconcile loop: measured, stored, driven, named by the decision."""
+
+from __future__ import annotations
+
+import pytest
+from fake_world import (
+    World,
+    buckets,
+    chat_traffic,
+    fresh_backoff,  # noqa: F401  # the fixture, used through pytestmark
+    production_target,
+)
+from fake_world import tuning_world as world
+
+from batchtune.core.workload import WorkloadObservation, parse_bucket_text
+
+TERMINAL = {"Succeeded", "Failed", "RolledBack", "Recommended"}
+pytestmark = pytest.mark.usefixtures("fresh_backoff")
+
+
+def load_args(w: World) -> list[str]:
+    job = next(iter(w.jobs.values()))
+    return list(job["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_the_profile_is_stored_and_the_recommendation_names_it():
+    w = world(load={"concurrency": 8, "fromProduction": True}, apply={"mode": "Recommend"},
+              searchSpace={"maxNumSeqs": {"values": [16, 32]}})
+    assert w.run_until(TERMINAL) == "Recommended"
+    workload = w.status["workload"]
+    assert workload["source"] == "production" and workload["lookbackSeconds"] == 3600
+    assert workload["requests"] == 18000 and workload["requestsPerSecond"] == pytest.approx(5.0)
+    assert workload["peakRequestsPerSecond"] == pytest.approx(5.0) and workload["rateWindowSeconds"] == 60
+    assert workload["promptLengths"]["mean"] == 300 and workload["promptLengths"]["p50"] == pytest.approx(250.0)
+    assert len(workload["promptLengths"]["buckets"]) == 13 and "le" not in workload["promptLengths"]["buckets"][-1]
+    assert workload["measuredAt"] == "2026-12-01T08:00:00Z"
+    assert w.status["recommendation"]["workload"] == workload["summary"]
+    assert workload["summary"].startswith("production over 1h (18000 requests)")
+    assert "for production over 1h" in w.condition("Succeeded")["message"]
+
+
+def test_a_tuning_without_production_data_names_the_spec_workload():
+    w = world(apply={"mode": "Recommend"}, searchSpace={"maxNumSeqs": {"values": [16]}})
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert w.status["workload"]["source"] == "spec"
+    assert w.status["recommendation"]["workload"] == ("spec.load: 512 prompt and 128 output tokens per request "
+                                                      "(fixed), closed loop at 32 concurrent requests")
+
+
+@pytest.mark.parametrize("traffic, words", [
+    pytest.param(None, "has no pods to measure", id="no-pods"),
+    pytest.param(WorkloadObservation(3600), "no prompt or output length histogram", id="no-histograms"),
+    pytest.param(WorkloadObservation(3600, buckets({}), buckets({})), "served 0 request(s)", id="empty"),
+    pytest.param(WorkloadObservation(3600, buckets({100.0: 40}), buckets({50.0: 40})),
+                 "served 40 request(s) in the last 1h; a profile needs at least 100", id="sparse"),
+])
+def test_too_little_production_data_waits_with_a_clear_reason_and_spends_no_gpu(traffic, words):
+    w = world(load={"fromProduction": True})
+    w.traffic = traffic
+    for _ in range(5):
+        w.tick()
+    assert w.phase == "Planning" and w.created == [] and "workload" not in w.status
+    progressing = w.condition("Progressing")
+    assert progressing["reason"] == "WaitingForProductionData" and words in progressing["message"]
+    assert "spec.load.production.lookbackSeconds 3600" in progressing["message"]
+    assert [r for _, r, _ in w.events].count("WaitingForProductionData") == 1  # an Event when it starts, not each tick
+    w.traffic = chat_traffic()
+    w.run_until({"Trialing"})
+    assert w.status["workload"]["source"] == "production"
+
+
+def test_min_requests_and_lookback_come_from_the_spec():
+    w = world(load={"fromProduction": True, "production": {"lookbackSeconds": 7200, "minRequests": 20000}})
+    w.tick()
+    assert w.condition("Progressing")["reason"] == "WaitingForProductionData"
+    assert "in the last 2h; a profile needs at least 20000" in w.condition("Progressing")["message"]
+
+
+def test_the_load_generator_samples_production_lengths_at_its_peak_with_its_burstiness():
+    traffic = chat_traffic()
+    counts = [240.0, 360.0] * 30  # bursty: counts swing more than Poisson's
+    w = world(load={"fromProduction": True}, searchSpace={"maxNumSeqs": {"values": [16]}},
+              objective={"type": "OutputThroughput"})
+    w.bt_spec["load"].pop("concurrency")
+    w.traffic = WorkloadObservation(3600, traffic.prompt_buckets, traffic.output_buckets, 300.0, 100.0,
+                                    tuple(counts), 60)
+    w.run_until({"Trialing"})
+    while not w.jobs:
+        w.tick()
+    args = load_args(w)
+    assert "--concurrency" not in args
+    assert args[args.index("--request-rate") + 1] == "6"  # the peak window: 360 requests a minute
+    burstiness = float(args[args.index("--burstiness") + 1])
+    assert burstiness == w.status["workload"]["burstiness"] and burstiness < 0.1
+    prompts = parse_bucket_text(args[args.index("--prompt-buckets") + 1])
+    assert prompts.total == pytest.approx(18000) and prompts.quantile(0.5) == pytest.approx(250.0)
+    assert "--output-buckets" in args
+
+
+def test_an_explicit_load_keeps_the_spec_arrivals_but_production_lengths():
+    w = world(load={"concurrency": 8, "fromProduction": True}, searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.run_until({"Trialing"})
+    while not w.jobs:
+        w.tick()
+    args = load_args(w)
+    assert args[args.index("--concurrency") + 1] == "8" and "--prompt-buckets" in args
+
+
+def test_the_max_model_len_reaches_the_load_generator():
+    w = world(load={"concurrency": 8, "fromProduction": True}, searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.deployments["llm"] = production_target(args=["--max-num-seqs", "16", "--max-model-len", "4096"])
+    w.run_until({"Trialing"})
+    while not w.jobs:
+        w.tick()
+    args = load_args(w)
+    assert args[args.index("--max-model-len") + 1] == "4096"
