@@ -243,8 +243,12 @@ class World:
             if status.get("conditions"):
                 continue
             args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-            load = int(args[args.index("--concurrency") + 1]) if "--concurrency" in args else \
-                int(round(float(args[args.index("--request-rate") + 1]) * 60))
+            if "--concurrency" in args:
+                load = int(args[args.index("--concurrency") + 1])
+            elif "--trace-speed-percent" in args:
+                load = int(args[args.index("--trace-speed-percent") + 1]) // 4  # a trace of 4 concurrent at 100%
+            else:
+                load = int(round(float(args[args.index("--request-rate") + 1]) * 60))
             start = self.now - timedelta(seconds=60)
             end = self.now - timedelta(seconds=1)
             status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),

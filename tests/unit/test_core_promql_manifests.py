@@ -390,3 +390,27 @@ def test_a_load_job_samples_production_lengths_within_the_context():
     assert args[args.index("--output-buckets") + 1] == "50:4"
     assert args[args.index("--max-model-len") + 1] == "2048"
     assert "--prompt-buckets" not in _job()["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_trace_load_job_mounts_its_configmap_read_only_and_replays_it():
+    profile = LoadProfile(trace_speed_percent=150, trace_config_map="chat-trace", trace_key="day.jsonl")
+    job = _job(profile)
+    pod = job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--trace") + 1] == "/trace/trace.jsonl"
+    assert args[args.index("--trace-speed-percent") + 1] == "150"
+    assert "--concurrency" not in args and "--request-rate" not in args
+    assert {"name": "trace", "configMap": {"name": "chat-trace", "items": [{"key": "day.jsonl", "path": "trace.jsonl"}]}} \
+        in pod["volumes"]
+    assert {"name": "trace", "mountPath": "/trace", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert pod["automountServiceAccountToken"] is False  # the Job reads the ConfigMap through the kubelet, no token
+    assert "configMap" not in str(_job()["spec"]["template"]["spec"]["volumes"])
+
+
+@pytest.mark.parametrize("kwargs", [
+    pytest.param({"trace_speed_percent": 100}, id="speed-without-configmap"),
+    pytest.param({"concurrency": 4, "trace_speed_percent": 100, "trace_config_map": "t"}, id="trace-and-concurrency"),
+])
+def test_a_trace_profile_is_one_loop_with_its_configmap(kwargs):
+    with pytest.raises(ValueError):
+        LoadProfile(**kwargs)

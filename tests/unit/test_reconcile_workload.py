@@ -114,3 +114,31 @@ def test_the_max_model_len_reaches_the_load_generator():
         w.tick()
     args = load_args(w)
     assert args[args.index("--max-model-len") + 1] == "4096"
+
+
+def test_a_trace_is_mounted_for_the_load_job_and_replayed_faster_to_find_the_capacity():
+    w = world(load={"traceConfigMapRef": {"name": "chat-trace", "key": "day.jsonl"}},
+              searchSpace={"maxNumSeqs": {"values": [16]}}, apply={"mode": "Recommend"})
+    w.bt_spec["load"].pop("concurrency")
+    speeds = []
+    for _ in range(200):
+        w.tick()
+        for job in w.jobs.values():
+            args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            speed = int(args[args.index("--trace-speed-percent") + 1])
+            if speed not in speeds:
+                speeds.append(speed)
+            pod = job["spec"]["template"]["spec"]
+            assert {"name": "trace", "configMap": {"name": "chat-trace",
+                                                   "items": [{"key": "day.jsonl", "path": "trace.jsonl"}]}} \
+                in pod["volumes"]
+            assert args[args.index("--trace") + 1] == "/trace/trace.jsonl" and "--request-rate" not in args
+        if w.phase in TERMINAL:
+            break
+    assert w.phase == "Recommended"
+    assert speeds[0] == 100 and max(speeds) > 100  # as is first, then faster to find where the SLO breaks
+    assert w.status["workload"]["source"] == "trace"
+    assert w.status["workload"]["summary"] == ("the trace in ConfigMap chat-trace key day.jsonl "
+                                               "(spec.load.traceConfigMapRef), replayed as is")
+    completed = [m for _, r, m in w.events if r == "TrialCompleted"]
+    assert completed and "% of the trace's speed" in completed[0]

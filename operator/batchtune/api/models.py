@@ -369,6 +369,15 @@ class ProductionWorkloadSpec(_Spec):
     """Requests the lookback must hold before a profile is trusted; fewer: the tuning waits (WaitingForProductionData)."""
 
 
+class ConfigMapKeyRef(_Spec):
+    """A key in a ConfigMap in the BatchTuning's namespace."""
+
+    name: Annotated[Str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """Name of the ConfigMap."""
+    key: Annotated[Str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)] = "trace.jsonl"
+    """Key in the ConfigMap."""
+
+
 class LoadSpec(_Spec):
     """The load driven at each trial."""
 
@@ -392,6 +401,9 @@ class LoadSpec(_Spec):
     num_prompts: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
     """Requests to send per load run (then the run ends when they are answered) instead of running for
     trial.measureSeconds after the warm-up."""
+    trace_config_map_ref: ConfigMapKeyRef | None = None
+    """A JSONL trace (offset_seconds, prompt_tokens, output_tokens per line) every load run replays as is, its
+    arrivals and lengths instead of generated ones; the load Job mounts the ConfigMap, the operator never reads it."""
 
     @model_validator(mode="after")
     def _one_loop_one_length(self) -> LoadSpec:
@@ -399,6 +411,14 @@ class LoadSpec(_Spec):
         if self.concurrency is not None and self.requests_per_minute is not None:
             errors.append(("requestsPerMinute", self.requests_per_minute,
                            f"set concurrency or requestsPerMinute, not both (concurrency is {self.concurrency})"))
+        if self.trace_config_map_ref is not None:
+            if self.concurrency is not None or self.requests_per_minute is not None:
+                errors.append(("traceConfigMapRef", None, "a trace brings its own arrivals: unset concurrency and "
+                                                          "requestsPerMinute"))
+            if self.from_production:
+                errors.append(("traceConfigMapRef", None, "set traceConfigMapRef or fromProduction, not both"))
+            if self.generator is Generator.VLLM_BENCH:
+                errors.append(("traceConfigMapRef", None, "only the Builtin generator replays a trace"))
         _cross_field(errors)
         return self
 

@@ -51,7 +51,11 @@ def gpu_product(tick: Tick, target: Target) -> str | None:
 
 
 def spec_workload(load: LoadSpec) -> WorkloadRecord:
-    """The workload of a tuning that does not measure production: spec.load's fixed lengths."""
+    """The workload of a tuning that does not measure production: spec.load's trace or fixed lengths."""
+    if load.trace_config_map_ref is not None:
+        ref = load.trace_config_map_ref
+        return WorkloadRecord(source="trace", summary=f"the trace in ConfigMap {ref.name} key {ref.key} "
+                                                      "(spec.load.traceConfigMapRef), replayed as is")
     if load.concurrency is not None:
         arrivals = f"closed loop at {load.concurrency} concurrent requests"
     elif load.requests_per_minute is not None:

@@ -41,6 +41,8 @@ from batchtune.core.slo import SloTargets
 from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import bucket_text
 
+TRACE_AS_IS_PERCENT = 100
+"""A trace replayed at 100% of its speed is replayed as is (the capacity search may speed it up)."""
 # A load run whose data never shows up is run again this many times, then the trial is Failed.
 MAX_MEASURE_ATTEMPTS = 3
 # Failures that say the setting itself cannot work: the search prunes on them.
@@ -64,9 +66,12 @@ def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> P
     peak = workload.peak_requests_per_second if workload is not None and workload.source == "production" else None
     if rate is None and load.concurrency is None and load.from_production and peak:
         rate = max(1, round(peak * 60))
+    trace = load.trace_config_map_ref is not None
+    if trace:
+        rate = TRACE_AS_IS_PERCENT  # a trace's loads are percent of its own speed
     fixed = rate if rate is not None else load.concurrency
     return ProtocolConfig(objective=objective, slo=SloTargets.from_spec(spec.slo), open_loop=rate is not None,
-                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed)
+                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed, trace=trace)
 
 
 def step_result(step: LoadStepRecord) -> StepResult:
@@ -441,7 +446,10 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         input_tokens=(workload.input_tokens if workload and workload.input_tokens else load.input_tokens),
         output_tokens=(workload.output_tokens if workload and workload.output_tokens else load.output_tokens),
         concurrency=None if config.open_loop else step.load,
-        requests_per_minute=step.load if config.open_loop else None,
+        requests_per_minute=step.load if config.open_loop and not config.trace else None,
+        trace_speed_percent=step.load if config.trace else None,
+        trace_config_map=load.trace_config_map_ref.name if load.trace_config_map_ref else None,
+        trace_key=load.trace_config_map_ref.key if load.trace_config_map_ref else "trace.jsonl",
         duration_seconds=None if load.num_prompts else step.measure_seconds or spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
         percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps),

@@ -42,6 +42,8 @@ COMPONENT_LOAD = "load"
 _SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields",
                   "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+TRACE_MOUNT = "/trace"
+TRACE_FILE = "trace.jsonl"
 # The uid/gid of the load generator: any non-root id works under the restricted profile.
 LOADGEN_UID = 65532
 
@@ -211,13 +213,22 @@ class LoadProfile:
     """Production's output-length histogram to sample from; None: output_tokens each."""
     max_model_len: int | None = None
     """The engine's context length: sampled prompt plus output lengths stay within it."""
+    trace_speed_percent: int | None = None
+    """Replay the trace at this percent of its own speed (100: as is)."""
+    trace_config_map: str | None = None
+    """The ConfigMap (in the BatchTuning's namespace) the load Job mounts the trace from."""
+    trace_key: str = "trace.jsonl"
+    """The trace's key in that ConfigMap."""
 
     def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.requests_per_minute is None):
+        loops = (self.concurrency, self.requests_per_minute, self.trace_speed_percent)
+        if sum(v is not None for v in loops) != 1:
             raise ValueError(
-                f"exactly one of concurrency ({self.concurrency!r}) and requests_per_minute "
-                f"({self.requests_per_minute!r}) must be set"
+                f"exactly one of concurrency ({self.concurrency!r}), requests_per_minute "
+                f"({self.requests_per_minute!r}) and trace_speed_percent ({self.trace_speed_percent!r}) must be set"
             )
+        if (self.trace_speed_percent is None) != (self.trace_config_map is None):
+            raise ValueError("a trace needs both trace_speed_percent and trace_config_map")
         if self.duration_seconds is None and self.num_prompts is None:
             raise ValueError("one of duration_seconds and num_prompts must be set")
 
@@ -243,6 +254,8 @@ def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:
     ]
     if profile.concurrency is not None:
         args += ["--concurrency", str(profile.concurrency)]
+    elif profile.trace_speed_percent is not None:
+        args += ["--trace", f"{TRACE_MOUNT}/{TRACE_FILE}", "--trace-speed-percent", str(profile.trace_speed_percent)]
     else:
         assert profile.requests_per_minute is not None
         args += ["--request-rate", f"{profile.requests_per_minute / 60:.6g}", "--burstiness", f"{profile.burstiness:g}"]
@@ -358,7 +371,14 @@ def build_load_job(
     """The builtin load generator's Job for one load run: bounded by count and time, never retried.
 
     `image` is the operator's own image, running `batchtune loadgen ...`, which writes its summary
-    JSON (with its own measurement window) to the termination message.
+    JSON (with its own measurement window) to the termination message. A trace is mounted read-only
+    from its ConfigMap (the kubelet reads it for the pod; the operator never does).
     """
     container = _container("loadgen", image, ["batchtune"], _builtin_args(base_url, model, profile))
-    return _job(bt_name, bt_uid, namespace, trial_index, name, profile, [container])
+    job = _job(bt_name, bt_uid, namespace, trial_index, name, profile, [container])
+    if profile.trace_config_map is not None:
+        pod = job["spec"]["template"]["spec"]
+        pod["volumes"].append({"name": "trace", "configMap": {
+            "name": profile.trace_config_map, "items": [{"key": profile.trace_key, "path": TRACE_FILE}]}})
+        container["volumeMounts"].append({"name": "trace", "mountPath": TRACE_MOUNT, "readOnly": True})
+    return job

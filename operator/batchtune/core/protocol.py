@@ -59,6 +59,8 @@ class ProtocolConfig:
     """The load of the single step of a non-capacity objective; None: the trial's max-num-seqs (closed loop)."""
     first_load: int | None = None
     """The capacity search's first load when no neighbour has a capacity yet; None: half the batch (closed)."""
+    trace: bool = False
+    """Loads are percent of a trace's own speed (100: replayed as is), not requests per minute."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -74,6 +76,8 @@ class ProtocolConfig:
 
     @property
     def unit(self) -> str:
+        if self.trace:
+            return "% of the trace's speed"
         return "requests/min" if self.open_loop else "concurrent requests"
 
 
