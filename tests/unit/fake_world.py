@@ -268,6 +268,8 @@ class World:
                        "p95_itl_ms": figures[M.ITL_MS], "p95_ttft_ms": figures[M.TTFT_MS],
                        "p95_e2el_ms": figures[M.E2E_MS], "request_throughput": figures[M.REQUEST_THROUGHPUT],
                        "output_throughput": figures[M.OUTPUT_THROUGHPUT]}
+            if M.GOODPUT in figures and "--goodput" in args:
+                summary["request_goodput"] = figures[M.GOODPUT]
             job["message"] = json.dumps(summary)
             job["figures"] = figures
 

@@ -256,3 +256,11 @@ def test_a_spec_workload_is_one_line():
     bt = cli_fakes.succeeded()
     bt["status"]["workload"] = {"source": "spec", "summary": "spec.load: 512 prompt and 128 output tokens"}
     assert text_of(st.workload_block(bt, NOW)).strip() == "Workload: spec.load: 512 prompt and 128 output tokens"
+
+
+def test_goodput_gets_a_column_when_measured():
+    bt = cli_fakes.succeeded()
+    assert "goodput" not in text_of(st.trials_table(bt))
+    bt["status"]["trials"][3]["metrics"]["goodput"] = 2.75
+    out = text_of(st.trials_table(bt))
+    assert "goodput" in out and "2.75" in out

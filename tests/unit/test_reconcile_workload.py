@@ -142,3 +142,40 @@ def test_a_trace_is_mounted_for_the_load_job_and_replayed_faster_to_find_the_cap
                                                "(spec.load.traceConfigMapRef), replayed as is")
     completed = [m for _, r, m in w.events if r == "TrialCompleted"]
     assert completed and "% of the trace's speed" in completed[0]
+
+
+def test_goodput_prefers_the_setting_whose_requests_each_meet_the_slo():
+    from fake_world import knee_model
+
+    def model(seqs, gmu, load):
+        figures = knee_model(seqs, gmu, load)
+        # Bigger batches serve more requests, but more of them miss a target on their own (long-prompt tails).
+        good_share = {8: 1.0, 16: 0.97, 32: 0.55, 64: 0.5}[seqs]
+        figures["goodput"] = figures["requestThroughput"] * good_share
+        return figures
+
+    chosen = {}
+    for objective in ("SloCapacity", "Goodput"):
+        w = world(objective={"type": objective}, apply={"mode": "Recommend"},
+                  slo={"interTokenLatencyMilliseconds": 500, "ttftMilliseconds": 60000})
+        w.model = model
+        assert w.run_until(TERMINAL) == "Recommended"
+        chosen[objective] = w.status["recommendation"]["setting"]["maxNumSeqs"]
+        args = load_args(w) if w.jobs else None
+        assert args is None  # the tuning ended: its Jobs are gone
+        if objective == "Goodput":
+            trial = next(t for t in w.status["trials"] if t["setting"]["maxNumSeqs"] == chosen[objective])
+            assert trial["metrics"]["goodput"] < trial["metrics"]["requestThroughput"]
+            assert "goodput" in w.status["recommendation"]["reason"]
+    assert chosen == {"SloCapacity": 32, "Goodput": 16}
+
+
+def test_the_load_generator_counts_goodput_against_the_slo_targets():
+    w = world(slo={"interTokenLatencyMilliseconds": 60, "ttftMilliseconds": 2000, "e2eLatencyMilliseconds": 9000},
+              searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.run_until({"Trialing"})
+    while not w.jobs:
+        w.tick()
+    args = load_args(w)
+    i = args.index("--goodput")
+    assert args[i + 1:i + 4] == ["ttft:2000", "tpot:60", "e2el:9000"]  # the targets themselves, per request

@@ -323,7 +323,8 @@ class ObjectiveSpec(_Spec):
     """What "best" means among trials that meet every SLO."""
 
     type: ObjectiveType = ObjectiveType.SLO_CAPACITY
-    """SloCapacity, OutputThroughput, GpuUtilization or TokensPerJoule."""
+    """SloCapacity, OutputThroughput, GpuUtilization, TokensPerJoule or Goodput (requests per second that met every
+    SLO target each, at the SLO capacity under production's shape)."""
 
 
 class SloSpec(_Spec):

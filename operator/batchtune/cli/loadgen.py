@@ -54,6 +54,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         help="replay this JSONL trace as is (offset_seconds, prompt_tokens, output_tokens per line)")
     parser.add_argument("--trace-speed-percent", type=float, default=100.0,
                         help="replay speed of --trace in percent (200: twice as fast; default 100)")
+    parser.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                        help="count requests meeting every target (ttft, tpot, e2el in ms) as request_goodput, "
+                             "as vllm bench serve --goodput")
     parser.add_argument("--concurrency", type=int, default=None, help="closed-loop streams / in-flight cap")
     parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson req/s (default inf)")
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals (1 = Poisson)")
@@ -78,6 +81,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(func=run)
 
 
+def parse_goodput(item: str) -> tuple[str, float]:
+    """`ttft:500` -> ("ttft", 500.0); ValueError names the item."""
+    key, sep, value = item.partition(":")
+    try:
+        if not sep or key not in ("ttft", "tpot", "e2el"):
+            raise ValueError
+        return key, float(value)
+    except ValueError:
+        raise ValueError(f"--goodput {item!r}: expected ttft:MS, tpot:MS or e2el:MS") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from batchtune.core.workload import parse_bucket_text
     from batchtune.loadgen import LoadSpec
@@ -93,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             if dist is not None and dist.total <= 0:
                 raise ValueError(f"{flag}: the histogram holds no request")
         trace = tuple(read_trace(args.trace)) if args.trace else ()
+        goodput = tuple(parse_goodput(item) for item in args.goodput or ())
         spec = LoadSpec(
             base_url=args.base_url,
             endpoint=args.endpoint,
@@ -118,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             trace=trace,
             trace_speed_percent=args.trace_speed_percent,
+            goodput_ms=goodput,
         )
     except (ValueError, OSError, argparse.ArgumentTypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

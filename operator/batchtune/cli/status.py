@@ -201,6 +201,7 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     knee = (status.get("knee") or {}).get("maxNumSeqs")
     with_mbt = any((t.get("setting") or {}).get("maxNumBatchedTokens") for t in trials)
     with_capacity = any((t.get("metrics") or {}).get("sloCapacity") is not None for t in trials)
+    with_goodput = any((t.get("metrics") or {}).get("goodput") is not None for t in trials)
 
     table = Table(title="Trials", title_justify="left", header_style="bold", expand=False, pad_edge=False)
     table.add_column("#", justify="right")
@@ -221,6 +222,8 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     table.add_column("KV %", justify="right")
     if with_capacity:
         table.add_column("capacity", justify="right")
+    if with_goodput:
+        table.add_column("goodput", justify="right")
 
     for trial in trials:
         setting = trial.get("setting") or {}
@@ -243,6 +246,8 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
                    fmt(metrics.get("gpuUtilPercent")), fmt(metrics.get("kvCacheUsagePercent"))]
         if with_capacity:
             figures.append(fmt(metrics.get("sloCapacity"), 1))
+        if with_goodput:
+            figures.append(fmt(metrics.get("goodput"), 2))
         row += [text(figure) for figure in figures]
         table.add_row(*row, style="bold" if best and trial.get("name") == best else None)
     if not trials:

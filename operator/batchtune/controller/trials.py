@@ -74,6 +74,14 @@ def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> P
                           repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed, trace=trace)
 
 
+def goodput_targets(spec: BatchTuningSpec) -> tuple[tuple[str, int], ...]:
+    """The SLO's targets, per request, in the load generators' goodput terms (ITL is a request's TPOT)."""
+    slo = spec.slo
+    pairs = (("ttft", slo.ttft_milliseconds), ("tpot", slo.inter_token_latency_milliseconds),
+             ("e2el", slo.e2e_latency_milliseconds))
+    return tuple((key, ms) for key, ms in pairs if ms is not None)
+
+
 def step_result(step: LoadStepRecord) -> StepResult:
     assert step.verdict is not None
     return StepResult(step.load, dict(step.metrics or {}), Verdict(step.verdict), step.verdict_reason or "",
@@ -456,7 +464,8 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         burstiness=measured.burstiness if measured is not None else 1.0,
         prompt_lengths=bucket_text(measured.prompt) if measured is not None else None,
         output_lengths=bucket_text(measured.output) if measured is not None else None,
-        max_model_len=limits.max_model_len if limits else None)
+        max_model_len=limits.max_model_len if limits else None,
+        goodput_ms=goodput_targets(spec))
     model = tick.status.plan.served_model if tick.status.plan and tick.status.plan.served_model else ""
     base_url = f"http://{trial.pod_ip}:{trial.port}"
     operator_image = tick.ports.install.operator_image

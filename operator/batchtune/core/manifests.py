@@ -219,6 +219,8 @@ class LoadProfile:
     """The ConfigMap (in the BatchTuning's namespace) the load Job mounts the trace from."""
     trace_key: str = "trace.jsonl"
     """The trace's key in that ConfigMap."""
+    goodput_ms: tuple[tuple[str, int], ...] = ()
+    """Per-request SLO targets (`ttft`, `tpot`, `e2el` in ms) the load generator's goodput counts against."""
 
     def __post_init__(self) -> None:
         loops = (self.concurrency, self.requests_per_minute, self.trace_speed_percent)
@@ -265,6 +267,8 @@ def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:
         args += ["--output-buckets", profile.output_lengths]
     if profile.max_model_len:
         args += ["--max-model-len", str(profile.max_model_len)]
+    if profile.goodput_ms:
+        args += ["--goodput", *(f"{key}:{ms}" for key, ms in profile.goodput_ms)]
     host = urlsplit(base_url).hostname or ""
     if not host.startswith("127."):
         args.append("--allow-non-loopback")  # real clusters: pod IPs are not loopback
@@ -346,7 +350,7 @@ def build_bench_job(
     warmups = profile.concurrency or 1
     argv = engine.bench_argv(base_url, model, tokenizer, profile.input_tokens, profile.output_tokens,
                              profile.concurrency, profile.requests_per_minute, prompts, warmups, profile.seed,
-                             "/tmp", "result.json", burstiness=profile.burstiness)
+                             "/tmp", "result.json", burstiness=profile.burstiness, goodput_ms=profile.goodput_ms)
     if argv is None:
         raise ValueError(f"{engine.display} has no benchmark client of its own; use spec.load.generator: Builtin")
     bench = _container("bench", image, argv[:1], argv[1:])

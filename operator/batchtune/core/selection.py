@@ -26,6 +26,7 @@ _OBJECTIVE_WORDS = {
     Objective.OUTPUT_THROUGHPUT: "output throughput",
     Objective.GPU_UTILIZATION: "GPU utilization",
     Objective.TOKENS_PER_JOULE: "tokens per joule",
+    Objective.GOODPUT: "goodput",
 }
 
 

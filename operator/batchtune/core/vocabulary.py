@@ -197,6 +197,8 @@ class M(StrEnum):
     REQUESTS = "requests"
     """Production requests counted in a verify window."""
     # Trial conclusions
+    GOODPUT = "goodput"
+    """Requests per second that met every SLO target, each request on its own (the load generator counts them)."""
     SLO_CAPACITY = "sloCapacity"
     SLO_CAPACITY_LOAD = "sloCapacityLoad"
     TOKENS_PER_JOULE = "tokensPerJoule"

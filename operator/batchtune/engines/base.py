@@ -215,10 +215,12 @@ class Engine(ABC):
 
     def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
                    concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
-                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0) -> list[str] | None:
+                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0,
+                   goodput_ms: Sequence[tuple[str, int]] = ()) -> list[str] | None:
         """The command of the engine's own benchmark client for one load run, or None when it has none.
 
-        `burstiness` is the gamma shape of open-loop arrivals (1: Poisson), as `vllm bench serve` means it.
+        `burstiness` is the gamma shape of open-loop arrivals (1: Poisson), as `vllm bench serve` means it;
+        `goodput_ms` the per-request targets (`ttft`, `tpot`, `e2el`) its goodput counts against.
         """
         return None
 

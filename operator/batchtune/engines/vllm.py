@@ -245,11 +245,13 @@ class Vllm(Engine):
 
     def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
                    concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
-                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0) -> list[str] | None:
+                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0,
+                   goodput_ms: Sequence[tuple[str, int]] = ()) -> list[str] | None:
         """`vllm bench serve` (random dataset) for one load run, its result JSON saved under result_dir.
 
         Open loop, the arrivals are gamma with shape `burstiness` (`--burstiness`, production's own
         with fromProduction). The random dataset has one length per run: production's mean lengths.
+        `--goodput` makes the result's `request_goodput` count the requests that met every SLO target.
         """
         argv = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--model", model,
                 "--dataset-name", "random", "--random-input-len", str(input_tokens),
@@ -263,6 +265,8 @@ class Vllm(Engine):
             argv += ["--max-concurrency", str(concurrency)]
         if requests_per_minute is not None:
             argv += ["--request-rate", f"{requests_per_minute / 60:.6g}", "--burstiness", f"{burstiness:g}"]
+        if goodput_ms:
+            argv += ["--goodput", *(f"{key}:{ms}" for key, ms in goodput_ms)]
         return argv
 
     def parse_argv(self, argv: list[str]) -> tuple[str | None, dict[str, str | None], list[str]]:

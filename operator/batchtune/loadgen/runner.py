@@ -96,6 +96,9 @@ class LoadSpec:
     """Requests to replay as they are (arrival offsets and lengths), instead of sampled ones."""
     trace_speed_percent: float = 100.0
     """Replay speed of the trace (200: offsets halved)."""
+    goodput_ms: tuple[tuple[str, float], ...] = ()
+    """Per-request targets (`ttft`, `tpot`, `e2el` in ms): `request_goodput` counts the completed requests that
+    met them all, as `vllm bench serve --goodput`."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -110,6 +113,7 @@ class LoadSpec:
             ("burstiness", self.burstiness > 0),
             ("trace_speed_percent", self.trace_speed_percent > 0),
             ("max_model_len", self.max_model_len is None or self.max_model_len >= 3),
+            ("goodput_ms", all(k in ("ttft", "tpot", "e2el") and v > 0 for k, v in self.goodput_ms)),
         ]
         for name, ok in checks:
             if not ok:
@@ -380,6 +384,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         percentiles=spec.percentiles,
         time_scale=spec.time_scale,
         wall_offset=wall_offset,
+        goodput_ms=spec.goodput_ms,
     )
     setup = {
         "date": time.strftime("%Y%m%d-%H%M%S"),
