@@ -154,6 +154,9 @@ class World:
     """(Job name, measured seconds) of every load run, in order."""
     production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
     production_requests_per_second: float = 5.0
+    production_replicas: int = 1
+    production_peak_per_second: float = 10.0
+    """What `production_peak_rate` answers (the highest 1-minute rate of the last hour)."""
     traffic: WorkloadObservation | None = field(default_factory=lambda: chat_traffic())
     """What production's length histograms and request counts say (None: production has no pods)."""
     intents: list[int] = field(default_factory=list)
@@ -315,7 +318,8 @@ class FakeCluster:
 
     def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         match = selector.get("matchLabels") or {}
-        return [{"metadata": {"name": "llm-prod-0", "labels": dict(match)}, "spec": {"nodeName": "gpu-node-0"}}]
+        return [{"metadata": {"name": f"llm-prod-{i}", "labels": dict(match)}, "spec": {"nodeName": "gpu-node-0"}}
+                for i in range(self.w.production_replicas)]
 
     def nodes(self) -> list[dict[str, Any]] | None:
         return copy.deepcopy(self.w.nodes)
@@ -429,11 +433,11 @@ class FakeReader:
         traffic = self.w.traffic
         if traffic is None:
             return None
-        return replace(traffic, lookback_seconds=lookback_s, window_seconds=window_s)
+        return replace(traffic, lookback_seconds=lookback_s, window_seconds=window_s, replicas=len(production.pods))
 
     def production_peak_rate(self, production: Production, lookback_s: int) -> float | None:
         self._query()
-        return 10.0
+        return self.w.production_peak_per_second
 
 
 class FakeMetrics:

@@ -179,3 +179,57 @@ def test_the_load_generator_counts_goodput_against_the_slo_targets():
     args = load_args(w)
     i = args.index("--goodput")
     assert args[i + 1:i + 4] == ["ttft:2000", "tpot:60", "e2el:9000"]  # the targets themselves, per request
+
+
+def _capacity(w: World, seqs: int) -> float:
+    return next(t["metrics"]["sloCapacity"] for t in w.status["trials"] if t["setting"]["maxNumSeqs"] == seqs)
+
+
+def test_the_replica_hint_is_the_observed_peak_over_the_chosen_settings_capacity():
+    import math
+
+    w = world(apply={"mode": "Recommend"}, slo={"interTokenLatencyMilliseconds": 40, "ttftMilliseconds": 60000,
+                                                "headroomPercent": 10})
+    w.production_peak_per_second = 120.0
+    assert w.run_until(TERMINAL) == "Recommended"
+    rec = w.status["recommendation"]
+    chosen = rec["setting"]["maxNumSeqs"]
+    capacity = _capacity(w, chosen)
+    assert rec["replicasHint"] == math.ceil(120.0 / capacity) == 3
+    # It is the chosen setting's capacity: a trial of another capacity would give another number here.
+    others = {math.ceil(120.0 / c) for t in w.status["trials"]
+              if (c := (t.get("metrics") or {}).get("sloCapacity")) and c != capacity}
+    assert others and rec["replicasHint"] not in others
+    # And the peak: production's, not the mean (5 req/s here would say 1).
+    assert "peak 120 req/s" in rec["replicasBasis"] and "10% headroom" in rec["replicasBasis"]
+
+
+def test_with_a_profile_the_hint_uses_its_peak_over_all_replicas_and_each_trial_faces_one_replicas_share():
+    import math
+
+    w = world(load={"fromProduction": True}, apply={"mode": "Recommend"}, objective={"type": "SloCapacity"},
+              searchSpace={"maxNumSeqs": {"values": [16, 32]}})
+    w.bt_spec["load"].pop("concurrency")
+    w.production_replicas = 3
+    w.production_peak_per_second = 999.0  # the 1-minute query is not asked when the profile has a peak
+    traffic = chat_traffic(requests_per_window=540.0)  # 9 req/s over 3 replicas
+    w.traffic = traffic
+    w.run_until({"Trialing"})
+    while not w.jobs:
+        w.tick()
+    args = load_args(w)
+    assert args[args.index("--request-rate") + 1] == "3"  # the peak's share of one replica: 9 / 3
+    assert w.run_until(TERMINAL) == "Recommended"
+    rec = w.status["recommendation"]
+    assert w.status["workload"]["replicas"] == 3 and w.status["workload"]["peakRequestsPerSecond"] == 9.0
+    assert rec["replicasHint"] == math.ceil(9.0 / _capacity(w, rec["setting"]["maxNumSeqs"]))
+    assert "busiest 60s window" in rec["replicasBasis"]
+
+
+def test_a_fixed_load_objective_gets_no_hint_and_says_why():
+    w = world(objective={"type": "OutputThroughput"}, apply={"mode": "Recommend"},
+              searchSpace={"maxNumSeqs": {"values": [16]}})
+    assert w.run_until(TERMINAL) == "Recommended"
+    rec = w.status["recommendation"]
+    assert "replicasHint" not in rec
+    assert rec["replicasBasis"].startswith("no replica hint: the OutputThroughput objective measures one fixed load")

@@ -865,6 +865,8 @@ class WorkloadRecord(_Status):
     """How far back production was measured."""
     requests: Annotated[int, Field(ge=0)] | None = None
     """Requests production served over the lookback."""
+    replicas: Annotated[int, Field(ge=1)] | None = None
+    """Production's pods when measured: the rates below are theirs together, and a trial (one pod) faces its share."""
     input_tokens: Annotated[int, Field(ge=1)] | None = None
     """Mean prompt tokens per request."""
     output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -895,7 +897,7 @@ class WorkloadRecord(_Status):
         mean_rate = arrivals.mean_per_second if arrivals else None
         return cls(
             source="production", summary=profile.summary()[:1000], measured_at=measured_at,
-            lookback_seconds=profile.lookback_seconds, requests=profile.requests,
+            lookback_seconds=profile.lookback_seconds, requests=profile.requests, replicas=profile.replicas,
             input_tokens=max(1, round(profile.prompt_mean)), output_tokens=max(1, round(profile.output_mean)),
             requests_per_minute=max(1, round(mean_rate * 60)) if mean_rate else None,
             requests_per_second=round(mean_rate, 4) if mean_rate is not None else None,
@@ -917,7 +919,7 @@ class WorkloadRecord(_Status):
                                           self.rate_window_seconds or 60, 0)
         return CoreWorkloadProfile(self.lookback_seconds or 0, self.requests or 0, self.prompt_lengths.core(),
                                    self.output_lengths.core(), arrivals, self.prefix_cache_hit_percent,
-                                   tuple(self.notes))
+                                   tuple(self.notes), self.replicas or 1)
 
 
 class ContainerArgs(_Status):
@@ -948,6 +950,8 @@ class Recommendation(_Status):
     """The workload this recommendation holds for (status.workload's summary): a setting is best only for one."""
     replicas_hint: Annotated[int, Field(ge=1)] | None = None
     """Replicas that serve production's observed peak request rate at this setting's SLO capacity."""
+    replicas_basis: Annotated[str, Field(max_length=500)] | None = None
+    """How the replicas hint was reached (peak over capacity, headroom counted once), or why there is none."""
     container_name: str | None = None
     """The engine container the setting applies to."""
     container: ContainerArgs | None = None

@@ -369,7 +369,12 @@ def decision(bt: Mapping[str, Any]) -> Any:
             made.append(" ".join(safe(a) for a in rec["args"]))
         if rec.get("replicasHint"):
             made.append("\n  replicas: ", style="bold")
-            made.append(f"{safe(rec['replicasHint'])} would serve production's current load at this setting")
+            made.append(f"{safe(rec['replicasHint'])} would serve production's observed peak at this setting")
+            if rec.get("replicasBasis"):
+                made.append(f" ({safe(rec['replicasBasis'])})")
+        elif rec.get("replicasBasis"):
+            made.append("\n  replicas: ", style="bold")
+            made.append(safe(rec["replicasBasis"]))
     elif phase == "Failed":
         failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
         made.append("No decision: ", style="bold red")

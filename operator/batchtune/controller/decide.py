@@ -5,13 +5,13 @@ from __future__ import annotations
 from batchtune.api import ContainerArgs, Knee, Recommendation, Setting
 from batchtune.controller import telemetry
 from batchtune.controller.prometheus import PrometheusUnavailable
-from batchtune.controller.tick import Tick
+from batchtune.controller.tick import Target, Tick
 from batchtune.controller.trials import outcome_of
 from batchtune.core.gitops import gitops_manager
 from batchtune.core.objective import Objective
-from batchtune.core.recommend import recommend, replicas_needed
+from batchtune.core.recommend import recommend, replica_hint
 from batchtune.core.selection import CompletedTrial, select_best
-from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import M, Phase, Reason, TrialState
 
 PEAK_LOOKBACK_SECONDS = 3600
 
@@ -22,6 +22,16 @@ def submit_report(tick: Tick) -> None:
                                   dict(tick.tuning.spec), tick.status.to_wire())
     except Exception as exc:  # noqa: BLE001  # a report is nice to have; the decision must not wait on it
         tick.log.warning("Report for %s not queued: %s", tick.tuning.name, exc)
+
+
+def production_peak(tick: Tick, target: Target) -> tuple[float | None, str]:
+    """Production's observed peak request rate (all replicas together) and where it came from."""
+    workload = tick.status.workload
+    if workload is not None and workload.source == "production" and workload.peak_requests_per_second:
+        return workload.peak_requests_per_second, (f"the busiest {workload.rate_window_seconds or 60}s window of "
+                                                   f"the profile's {workload.lookback_seconds}s")
+    peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+    return peak, f"the highest 1-minute rate over the last {PEAK_LOOKBACK_SECONDS}s"
 
 
 def select(tick: Tick) -> None:
@@ -52,21 +62,20 @@ def select(tick: Tick) -> None:
         tick.fail(Reason.NO_FEASIBLE_SETTING, reason)
         return
     try:
-        peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+        peak, peak_source = production_peak(tick, target)
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         return
-    metrics = best.metrics or {}
-    capacity = metrics.get(M.SLO_CAPACITY)
-    if capacity is None and best.verdict is Verdict.MET:
-        capacity = metrics.get(M.REQUEST_THROUGHPUT)  # a load it held within the SLO: a lower bound
+    repeats = [t for t in trials if t.state is TrialState.DONE and t.setting.core() == chosen.best]
+    hint = replica_hint(objective, [(t.metrics or {}).get(M.SLO_CAPACITY) for t in repeats], peak, peak_source,
+                        tick.spec.slo.headroom_percent)
     extra = tuple(tick.spec.search_space.extra_args or ())
     rec = recommend(target.engine, target.deployment, target.container, chosen.best, extra)
     tick.status.recommendation = Recommendation(
         setting=Setting.of(chosen.best), args=rec.container.flat(), reason=chosen.reason[:2000],
         workload=tick.status.workload.summary if tick.status.workload else None,
         json_patch=rec.json_patch, kustomize_patch=rec.kustomize_patch, helm_values=rec.helm_values,
-        replicas_hint=replicas_needed(capacity, peak), container_name=rec.container_name,
+        replicas_hint=hint.replicas, replicas_basis=hint.basis[:500], container_name=rec.container_name,
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
     tick.status.best_setting = chosen.best.label()

@@ -194,6 +194,7 @@ class PrometheusReader:
             window_seconds=window_s,
             prefix_cache_hits=self.scalar(queries["prefixHits"]) if "prefixHits" in queries else None,
             prefix_cache_queries=self.scalar(queries["prefixQueries"]) if "prefixQueries" in queries else None,
+            replicas=len(production.pods),
         )
 
     def buckets(self, promql_text: str) -> tuple[tuple[float, float], ...]:

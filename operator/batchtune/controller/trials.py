@@ -58,12 +58,14 @@ def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> P
     """How this BatchTuning measures its trials.
 
     With fromProduction and neither concurrency nor requestsPerMinute, the load is open loop at
-    production's own peak rate (a capacity search starts there), with its burstiness.
+    production's own peak rate per replica (a trial is one replica; a capacity search starts there),
+    with its burstiness.
     """
     objective = Objective(spec.objective.type)
     load = spec.load
     rate = load.requests_per_minute
-    peak = workload.peak_requests_per_second if workload is not None and workload.source == "production" else None
+    profile = workload.profile() if workload is not None else None
+    peak = profile.peak_per_replica() if profile is not None else None
     if rate is None and load.concurrency is None and load.from_production and peak:
         rate = max(1, round(peak * 60))
     trace = load.trace_config_map_ref is not None

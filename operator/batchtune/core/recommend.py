@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting, percent_to_fraction
 
 if TYPE_CHECKING:
@@ -89,10 +90,10 @@ def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str,
 
 
 def replicas_needed(capacity_per_second: float | None, peak_per_second: float | None) -> int | None:
-    """Replicas that serve production's observed peak at the chosen setting's SLO capacity.
+    """Replicas that serve production's observed peak (all replicas together) at one replica's SLO capacity.
 
-    The capacity is already measured under the headroom-adjusted SLO limits, so the headroom is not
-    taken off again. None when either figure is unknown or not positive.
+    The capacity is measured under the headroom-adjusted SLO limits, so the headroom is in it and is
+    not taken off again. None when either figure is unknown or not positive.
     """
     if capacity_per_second is None or peak_per_second is None:
         return None
@@ -101,3 +102,37 @@ def replicas_needed(capacity_per_second: float | None, peak_per_second: float | 
     if capacity_per_second <= 0 or peak_per_second <= 0:
         return None
     return max(1, math.ceil(peak_per_second / capacity_per_second))
+
+
+@dataclass(frozen=True)
+class ReplicaHint:
+    replicas: int | None
+    basis: str
+    """How the number was reached, or why there is none."""
+
+
+def replica_hint(objective: Objective | str, capacities: Sequence[float | None], peak_per_second: float | None,
+                 peak_source: str, headroom_percent: int) -> ReplicaHint:
+    """How many replicas of the chosen setting serve production's observed peak within the SLO.
+
+    `capacities` are the chosen setting's SLO capacities, one per repeat (requests per second one
+    replica held at the highest load that met the SLO less `headroom_percent`): the worst repeat
+    counts. The headroom is counted once, there. Only objectives whose trials search that load
+    (SloCapacity, Goodput) have a capacity; a fixed-load objective measured one load, not what a
+    replica holds, and gets no hint rather than a guess.
+    """
+    objective = Objective(objective)
+    if not objective.searches_capacity:
+        return ReplicaHint(None, f"no replica hint: the {objective.value} objective measures one fixed load, not "
+                                 "the load a replica holds within the SLO (use SloCapacity or Goodput)")
+    known = [c for c in capacities if c is not None and math.isfinite(c) and c > 0]
+    if not known or len(known) < len(capacities):
+        return ReplicaHint(None, "no replica hint: the chosen setting's SLO capacity was not measured in every repeat")
+    capacity = min(known)
+    replicas = replicas_needed(capacity, peak_per_second)
+    if replicas is None:
+        return ReplicaHint(None, f"no replica hint: production's peak request rate is unknown ({peak_source})")
+    assert peak_per_second is not None
+    return ReplicaHint(replicas, f"ceil(peak {peak_per_second:.3g} req/s ({peak_source}) / SLO capacity "
+                                 f"{capacity:.3g} req/s per replica) = {replicas}; the capacity already keeps "
+                                 f"{headroom_percent}% headroom under the SLO targets, so no more is added")

@@ -241,6 +241,8 @@ class WorkloadObservation:
     prefix_cache_hits: float | None = None
     """Prompt tokens served from the prefix cache over the lookback (None: not exposed)."""
     prefix_cache_queries: float | None = None
+    replicas: int = 1
+    """Production's pods the series were summed over (the rates are the whole Deployment's)."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,14 @@ class WorkloadProfile:
     arrivals: ArrivalProfile | None
     prefix_cache_hit_percent: float | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    replicas: int = 1
+    """Production's pods when measured: the rates are theirs together; one trial is one replica."""
+
+    def peak_per_replica(self) -> float | None:
+        """Production's peak rate over its replicas: what one trial pod would face."""
+        if self.arrivals is None:
+            return None
+        return self.arrivals.peak_per_second / max(1, self.replicas)
 
     @property
     def prompt_mean(self) -> float:
@@ -283,7 +293,8 @@ class WorkloadProfile:
             parts.append(f"{name} mean {_mean(dist):.0f} p50 {p50 or 0:.0f} p90 {p90 or 0:.0f} tokens")
         if self.prefix_cache_hit_percent is not None:
             parts.append(f"prefix-cache hits {self.prefix_cache_hit_percent:.0f}%")
-        return (f"production over {_duration(self.lookback_seconds)} ({self.requests} requests): "
+        over = f", {self.replicas} replicas" if self.replicas > 1 else ""
+        return (f"production over {_duration(self.lookback_seconds)} ({self.requests} requests{over}): "
                 + "; ".join(parts))
 
 
@@ -339,7 +350,7 @@ def build_profile(obs: WorkloadObservation, min_requests: int = MIN_PROFILE_REQU
     if any(math.isinf(b) and c > 0 for b, c in prompt.buckets + output.buckets):
         notes.append("some lengths lie above the histogram's last finite bound: sampled up to twice that bound")
     return ProfileResult(WorkloadProfile(obs.lookback_seconds, requests, prompt, output, arrivals, hit_percent,
-                                         tuple(notes)))
+                                         tuple(notes), max(1, obs.replicas)))
 
 
 # ---- drift --------------------------------------------------------------------------------------
