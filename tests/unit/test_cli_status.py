@@ -264,3 +264,23 @@ def test_goodput_gets_a_column_when_measured():
     bt["status"]["trials"][3]["metrics"]["goodput"] = 2.75
     out = text_of(st.trials_table(bt))
     assert "goodput" in out and "2.75" in out
+
+
+def test_rounds_and_the_watch_are_shown():
+    bt = cli_fakes.succeeded()
+    bt["status"]["trials"][0]["current"] = True
+    bt["status"]["rounds"] = [
+        {"round": 1, "trigger": "Initial", "startedAt": "2025-01-01T09:00:00Z", "endedAt": "2025-01-01T09:30:00Z",
+         "bestSetting": "seqs=128 gmu=90%", "outcome": "Verified"},
+        {"round": 2, "trigger": "Drift", "reason": "the prompt-length distribution shifted 63%",
+         "startedAt": "2025-01-01T10:00:00Z", "endedAt": "2025-01-01T10:40:00Z", "currentTrial": "t-6",
+         "currentSetting": "seqs=128 gmu=90%", "currentObjective": 3.1, "bestSetting": "seqs=32 gmu=90%",
+         "bestObjective": 3.9, "improvementPercent": 25.8, "outcome": "Verified"}]
+    bt["status"]["retune"] = {"lastCheckAt": "2025-01-01T10:59:00Z", "nextCheckAt": "2025-01-01T11:04:00Z",
+                              "message": "within the thresholds: prompt lengths moved 4%"}
+    out = text_of(st.render_status(bt, NOW))
+    assert "Rounds (spec.retune)" in out and "● production" in out
+    row = next(line for line in out.splitlines() if "Drift" in line)
+    assert "seqs=128 gmu=90% (3.10)" in row and "seqs=32 gmu=90% (3.90)" in row and "25.8" in row
+    assert "round 2 started: the prompt-length distribution shifted 63%" in out
+    assert "watching: next check at 2025-01-01T11:04:00Z; last check 60s ago: within the thresholds" in out

@@ -566,6 +566,47 @@ class ApplySpec(_Spec):
         return self
 
 
+class DriftSpec(_Spec):
+    """How far production's traffic may move from what the last decision was made for before a new round."""
+
+    length_shift_percent: Annotated[Int, Field(ge=1, le=100)] | None = None
+    """A new round when the prompt- or output-length distribution moved this far from the decision's profile:
+    the largest gap between the two cumulative shares (Kolmogorov-Smirnov distance), in percent."""
+    peak_rate_change_percent: Annotated[Int, Field(ge=1, le=10_000)] | None = None
+    """A new round when production's peak request rate changed by this much, up or down, in percent."""
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> DriftSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.length_shift_percent is None and self.peak_rate_change_percent is None:
+            errors.append(("", None, "set lengthShiftPercent, peakRateChangePercent or both"))
+        _cross_field(errors)
+        return self
+
+
+class RetuneSpec(_Spec):
+    """Continuous tuning: after a decision, keep watching production and tune again when it changes."""
+
+    interval_seconds: Annotated[Int, Field(ge=600, le=31_536_000)] | None = None
+    """A new round this long after the last one ended (a schedule), whatever the traffic."""
+    drift: DriftSpec | None = None
+    """A new round when production's workload drifts from the profile the last decision was made for
+    (needs load.fromProduction)."""
+    check_interval_seconds: Annotated[Int, Field(ge=60, le=86_400)] = 300
+    """How often production's workload is measured while watching (one profile's Prometheus queries)."""
+    min_improvement_percent: Annotated[Int, Field(ge=0, le=1000)] = 5
+    """A later round changes production (Auto) or recommends a setting only when it beats production's current
+    setting, measured in the same round as its trial 0, by this much on the objective."""
+
+    @model_validator(mode="after")
+    def _some_trigger(self) -> RetuneSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.interval_seconds is None and self.drift is None:
+            errors.append(("", None, "set intervalSeconds, drift or both"))
+        _cross_field(errors)
+        return self
+
+
 class BatchTuningSpec(_Spec):
     """The desired tuning of one vLLM Deployment."""
 
@@ -587,6 +628,17 @@ class BatchTuningSpec(_Spec):
     """Where metrics are read."""
     apply: ApplySpec = Field(default_factory=ApplySpec)
     """What happens to production."""
+    retune: RetuneSpec | None = None
+    """Continuous tuning after the first decision; unset: the tuning ends at its decision."""
+
+    @model_validator(mode="after")
+    def _drift_needs_a_profile(self) -> BatchTuningSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.retune is not None and self.retune.drift is not None and not self.load.from_production:
+            errors.append(("retune.drift", None, "drift is measured against production's profile: set "
+                                                 "load.fromProduction"))
+        _cross_field(errors)
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,6 +789,9 @@ class TrialRecord(_Status):
     """When the trial pod became ready."""
     steps: list[LoadStepRecord] = Field(default_factory=list)
     """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
+    current: bool | None = None
+    """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
+    from it, the engine's defaults filled in)."""
 
     @property
     def finished(self) -> bool:
@@ -983,6 +1038,54 @@ class AppliedRecord(_Status):
     """When the change was rolled back."""
 
 
+class RoundRecord(_Status):
+    """One round of tuning: why it started, what production ran, what won, how it ended."""
+
+    round: Annotated[int, Field(ge=1)]
+    """1 for the first tuning, then one more for each retune."""
+    trigger: str
+    """Initial, Schedule (spec.retune.intervalSeconds) or Drift (spec.retune.drift)."""
+    reason: Annotated[str, Field(max_length=1000)] | None = None
+    """Why the round started, in words."""
+    started_at: datetime | None = None
+    """When the round started."""
+    ended_at: datetime | None = None
+    """When the round reached its decision (and production is watched again)."""
+    workload: Annotated[str, Field(max_length=1000)] | None = None
+    """The workload the round measured against."""
+    current_trial: str | None = None
+    """The trial that measured production's own setting (trial 0 of a retune)."""
+    current_setting: str | None = None
+    """Production's setting when the round started."""
+    current_objective: float | None = None
+    """Its objective; unset: it did not meet the SLO (or was not measured)."""
+    best_trial: str | None = None
+    """The best other setting's trial."""
+    best_setting: str | None = None
+    """The best other setting."""
+    best_objective: float | None = None
+    """Its objective."""
+    improvement_percent: float | None = None
+    """How much the best setting beat production's (unset: production's missed the SLO, or no best)."""
+    outcome: ReasonCode | None = None
+    """How the round ended: the decision's reason (Verified, RecommendationReady, KeptCurrent, AlreadyOptimal, ...)."""
+    message: Annotated[str, Field(max_length=2000)] | None = None
+    """The decision in words."""
+
+
+class RetuneRecord(_Status):
+    """The watch between rounds."""
+
+    last_check_at: datetime | None = None
+    """When production's workload was last measured against the round's profile."""
+    next_check_at: datetime | None = None
+    """When it is measured next (or the schedule is looked at)."""
+    drift: Metrics | None = None
+    """The last check's drift: promptShiftPercent, outputShiftPercent (KS distance), peakChangePercent."""
+    message: Annotated[str, Field(max_length=1000)] | None = None
+    """The last check in words (a drift below its thresholds, too little data, ...)."""
+
+
 class BatchTuningStatus(_Status):
     """What the operator observed and did."""
 
@@ -1020,6 +1123,12 @@ class BatchTuningStatus(_Status):
     """The workload the trials drive and the recommendation holds for."""
     applied: AppliedRecord | None = None
     """What was changed in production."""
+    round: Annotated[int, Field(ge=1)] | None = None
+    """The round in progress or last decided (spec.retune); unset: 1."""
+    rounds: Annotated[list[RoundRecord], Field(max_length=10)] = Field(default_factory=list)
+    """The last rounds, oldest first (spec.retune)."""
+    retune: RetuneRecord | None = None
+    """The watch for the next round (spec.retune)."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""

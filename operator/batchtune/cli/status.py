@@ -233,6 +233,8 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
             marks.append("★ best")
         if knee and setting.get("maxNumSeqs") == knee:
             marks.append("◆ knee")
+        if trial.get("current"):
+            marks.append("● production")
         state = str(trial.get("state") or "Pending")
         verdict = str(trial.get("verdict") or "")
         cells: list[Any] = [trial.get("index", ""), " ".join(marks), setting.get("maxNumSeqs", "-"),
@@ -431,6 +433,43 @@ def workload_block(bt: Mapping[str, Any], now: datetime) -> Any:
     return out
 
 
+def rounds_block(bt: Mapping[str, Any], now: datetime) -> Any:
+    """Continuous tuning: the last rounds (why each started, production's setting against the best) and the watch."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    bt = clean(bt)
+    status = bt.get("status") or {}
+    rounds = [r for r in status.get("rounds") or [] if isinstance(r, dict)]
+    if not rounds:
+        return Group()
+    table = Table(title="Rounds (spec.retune)", title_justify="left", header_style="bold", pad_edge=False)
+    for column in ("#", "trigger", "started", "production's setting", "best other", "gain %", "outcome"):
+        table.add_column(column, justify="right" if column in ("#", "gain %") else "left")
+    for r in rounds:
+        current = f"{safe(r.get('currentSetting') or '-')} ({fmt(r.get('currentObjective'), 2)})" \
+            if r.get("currentTrial") else "-"
+        best = f"{safe(r.get('bestSetting') or '-')} ({fmt(r.get('bestObjective'), 2)})" \
+            if r.get("bestObjective") is not None else safe(r.get("bestSetting") or "-")
+        outcome = safe(r.get("outcome") or ("running" if not r.get("endedAt") else "-"))
+        table.add_row(text(r.get("round", "")), text(r.get("trigger", "")), text(age(r.get("startedAt"), now)),
+                      text(current), text(best), text(fmt(r.get("improvementPercent"), 1)), text(outcome))
+    parts: list[Any] = [table]
+    for r in rounds[-1:]:
+        if r.get("reason"):
+            parts.append(text(f"  round {safe(r.get('round'))} started: {safe(r['reason'])}", "dim"))
+    watch = status.get("retune") or {}
+    if rounds[-1].get("endedAt") and watch:
+        line = Text("  watching: ", style="bold")
+        if watch.get("nextCheckAt"):
+            line.append(f"next check at {safe(watch['nextCheckAt'])}")
+        if watch.get("message"):
+            line.append(f"; last check {age(watch.get('lastCheckAt'), now)} ago: {safe(watch['message'])}")
+        parts.append(line)
+    return Group(*parts)
+
+
 def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.console import Group
     from rich.text import Text
@@ -449,4 +488,6 @@ def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     made = decision(bt)
     if made.plain:
         parts += [Text(""), made]
+    if (bt.get("status") or {}).get("rounds"):
+        parts += [Text(""), rounds_block(bt, now)]
     return Group(*parts)

@@ -154,7 +154,8 @@ def plan(tick: Tick) -> None:
     if not candidates.candidates:
         tick.fail(Reason.EMPTY_SEARCH_SPACE, "No setting is left to try: " + (candidates.error or ""))
         return
-    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates))
+    # A retune round measures production's own setting first, beside the candidates.
+    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     tick.status.baseline = Baseline(
         engine=engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
         gpu_memory_utilization_percent=baseline.gpu_memory_utilization_percent,

@@ -37,6 +37,7 @@ from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
+from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import SloTargets
 from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import bucket_text
@@ -106,11 +107,19 @@ def outcome_of(trial: TrialRecord, objective: Objective) -> TrialOutcome:
                         objective_value(objective, metrics), metrics, str(trial.reason or ""), trial.message or "")
 
 
-def history(trials: list[TrialRecord], objective: Objective) -> tuple[list[HistoryEntry], list[Any]]:
-    """Finished trials as (Setting, TrialOutcome) in trial order, and the settings still running."""
+def history(trials: list[TrialRecord], objective: Objective,
+            current_is_candidate: bool = False) -> tuple[list[HistoryEntry], list[Any]]:
+    """Finished trials as (Setting, TrialOutcome) in trial order, and the settings still running.
+
+    Production's own setting (a retune round's trial 0) is the search's only when production runs
+    exactly the command line a candidate of that setting would (`current_is_candidate`); otherwise it
+    may lie outside the search space, or differ from the candidate (extra args), and is left out.
+    """
     done: list[HistoryEntry] = []
     pending = []
     for trial in trials:
+        if trial.current and not current_is_candidate:
+            continue
         if trial.state.finished:
             done.append((trial.setting.core(), outcome_of(trial, objective)))
         else:
@@ -219,22 +228,61 @@ def launch(tick: Tick, target: Target, owned: Owned) -> bool:
                              + (f" (product {tick.status.plan.gpu_product})" if tick.status.plan and
                                 tick.status.plan.gpu_product else "") + "; waiting")
                 return False
+    if (tick.status.round or 1) > 1 and not any(t.current for t in trials_):
+        start_trial(tick, current_setting(tick, target), per_trial, current=True)
+        slots -= 1
+        if slots <= 0:
+            return False
     objective = Objective(tick.spec.objective.type)
     the_search = search(tick)
+    as_candidate = current_is_candidate(tick, target)
     for _ in range(slots):
-        done, pending = history(trials_, objective)
+        done, pending = history(trials_, objective, as_candidate)
         setting = the_search.ask(done, pending)
         if setting is None:
             return not pending
-        index = tick.status.next_trial_index
-        tick.status.next_trial_index = index + 1
-        trial = TrialRecord(index=index, name=trial_name(tick.tuning.name, index), setting=Setting.of(setting),
-                            state=TrialState.DEPLOYING, started_at=tick.now, gpus=per_trial)
-        trials_.append(trial)
-        # The Deployment is created on the next tick, after this intent is in status.
-        tick.event(False, Reason.TRIAL_STARTED, f"Trial {trial.name}: {setting.label()}")
-        tick.log.info("Started trial %s: %s", trial.name, setting.label())
+        start_trial(tick, setting, per_trial)
     return False
+
+
+def start_trial(tick: Tick, setting: CoreSetting, gpus: int, current: bool = False) -> TrialRecord:
+    """The intent of a trial, in status: its Deployment is created on the next tick, after this is written."""
+    index = tick.status.next_trial_index
+    tick.status.next_trial_index = index + 1
+    trial = TrialRecord(index=index, name=trial_name(tick.tuning.name, index), setting=Setting.of(setting),
+                        state=TrialState.DEPLOYING, started_at=tick.now, gpus=gpus, current=True if current else None)
+    tick.status.trials.append(trial)
+    what = f"production's own setting ({setting.label()}, its command line as it runs)" if current else setting.label()
+    tick.event(False, Reason.TRIAL_STARTED, f"Trial {trial.name}: {what}")
+    tick.log.info("Started trial %s: %s", trial.name, what)
+    return trial
+
+
+def current_is_candidate(tick: Tick, target: Target) -> bool:
+    """Whether the round's trial 0 ran exactly what a candidate of its setting would: then it counts as one."""
+    assert tick.spec is not None
+    current = next((t for t in tick.status.trials if t.current), None)
+    if current is None:
+        return False
+    space = SearchSpace.from_spec(tick.spec.search_space)
+    setting = current.setting.core()
+    if setting.max_num_seqs not in space.max_num_seqs or \
+            setting.gpu_memory_utilization_percent not in space.gpu_memory_utilization_percent or \
+            (setting.max_num_batched_tokens not in space.max_num_batched_tokens if space.max_num_batched_tokens
+             else setting.max_num_batched_tokens is not None):
+        return False
+    rewritten = target.engine.rewrite(target.container, setting, tuple(tick.spec.search_space.extra_args or ()))
+    return all(rewritten.get(k) == target.container.get(k) for k in ("command", "args"))
+
+
+def current_setting(tick: Tick, target: Target) -> CoreSetting:
+    """Production's knobs as planning read them, the engine's defaults where it sets none (for naming)."""
+    baseline = tick.status.baseline
+    engine = target.engine
+    seqs = (baseline.max_num_seqs if baseline else None) or engine.default_max_num_seqs or 1
+    gmu = (baseline.gpu_memory_utilization_percent if baseline else None) or \
+        engine.default_gpu_memory_utilization_percent
+    return CoreSetting(seqs, gmu, baseline.max_num_batched_tokens if baseline else None)
 
 
 def gpus_free_for(tick: Tick, target: Target, per_trial: int, owned: Owned) -> int | None:
@@ -268,7 +316,7 @@ def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> N
         manifest = build_trial_deployment(
             target.engine, target.deployment, target.container, tick.tuning.name, tick.tuning.uid,
             tick.tuning.namespace, trial.index, trial.setting.core(), tuple(tick.spec.search_space.extra_args or ()),
-            services, tick.status.plan.gpu_product if tick.status.plan else None)
+            services, tick.status.plan.gpu_product if tick.status.plan else None, as_is=bool(trial.current))
         if tick.ports.cluster.create(manifest):
             tick.log.info("Created trial Deployment %s", trial.name)
         return

@@ -141,8 +141,13 @@ def build_trial_deployment(
     extra_args: Sequence[str] = (),
     service_selectors: Sequence[Mapping[str, str]] = (),
     gpu_product: str | None = None,
+    as_is: bool = False,
 ) -> dict[str, Any]:
-    """One-replica Deployment running the target's pod template with the setting's engine flags."""
+    """One-replica Deployment running the target's pod template with the setting's engine flags.
+
+    `as_is`: production's engine container unchanged (a retune round's trial 0, which measures the
+    setting production runs); `setting` then only names it.
+    """
     spec = target.get("spec") or {}
     template = copy.deepcopy(spec.get("template") or {})
     pod_meta = template.setdefault("metadata", {})
@@ -157,9 +162,10 @@ def build_trial_deployment(
     pod_meta["annotations"] = annotations
 
     pod_spec = template.setdefault("spec", {})
-    rewritten = engine.rewrite(container, setting, extra_args)
-    pod_spec["containers"] = [rewritten if c.get("name") == container.get("name") else c
-                              for c in pod_spec.get("containers", [])]
+    if not as_is:
+        rewritten = engine.rewrite(container, setting, extra_args)
+        pod_spec["containers"] = [rewritten if c.get("name") == container.get("name") else c
+                                  for c in pod_spec.get("containers", [])]
     if gpu_product:
         pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), GPU_PRODUCT_LABEL: gpu_product}
 
@@ -174,7 +180,8 @@ def build_trial_deployment(
             "labels": dict(own),
             "annotations": {
                 ANNOTATION_SETTING: setting.label(),
-                ANNOTATION_ARGS: json.dumps(engine.setting_args(setting) + list(extra_args)),
+                ANNOTATION_ARGS: json.dumps(list(container.get("args") or []) if as_is
+                                            else engine.setting_args(setting) + list(extra_args)),
                 ANNOTATION_TARGET: str(target_meta.get("name", "")),
             },
             "ownerReferences": [owner_reference(bt_name, bt_uid)],

@@ -73,10 +73,7 @@ def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str,
             op = "replace" if field_name in container else "add"
             ops.append({"op": op, "path": f"/spec/template/spec/containers/{index}/{field_name}",
                         "value": new.get(field_name)})
-    kustomize: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": (target.get("metadata") or {}).get("name")},
-                 "spec": {"template": {"spec": {"containers": [
-                     {"name": name, **{k: new[k] for k in ("command", "args") if k in new}}]}}}}
+    kustomize = kustomize_patch(target, name, new)
     knobs: dict[str, Any] = {"maxNumSeqs": setting.max_num_seqs,
                              "gpuMemoryUtilization": float(percent_to_fraction(setting.gpu_memory_utilization_percent))}
     if setting.max_num_batched_tokens:
@@ -85,8 +82,18 @@ def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str,
                           sort_keys=False)
     return Recommendation(
         setting=setting, container_name=name, container=ContainerArgs.of(new),
-        json_patch=json.dumps(ops, indent=2), kustomize_patch=yaml.safe_dump(kustomize, sort_keys=False),
+        json_patch=json.dumps(ops, indent=2), kustomize_patch=kustomize,
         helm_values="# Values for charts that expose the engine's flags; adapt the keys to your chart.\n" + helm)
+
+
+def kustomize_patch(target: Mapping[str, Any], container_name: str, container: Mapping[str, Any]) -> str:
+    """A strategic-merge patch setting one container's command and args as `container` has them."""
+    patch: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment",
+                             "metadata": {"name": (target.get("metadata") or {}).get("name")},
+                             "spec": {"template": {"spec": {"containers": [
+                                 {"name": container_name,
+                                  **{k: container[k] for k in ("command", "args") if k in container}}]}}}}
+    return yaml.safe_dump(patch, sort_keys=False)
 
 
 def replicas_needed(capacity_per_second: float | None, peak_per_second: float | None) -> int | None:

@@ -145,6 +145,10 @@ class Reason(StrEnum):
     ROLLED_BACK = "RolledBack"
     PRODUCTION_CHANGED_BY_OTHERS = "ProductionChangedByOthers"
     DELETED = "Deleted"
+    # Continuous tuning (spec.retune)
+    ROUND_STARTED = "RoundStarted"
+    ROUND_ENDED = "RoundEnded"
+    KEPT_CURRENT = "KeptCurrent"
 
 
 # Trial reasons the strategies prune on: the setting, not the circumstances, made the trial fail.

@@ -110,6 +110,8 @@ class Engine(ABC):
     readiness_path: str = "/health"
     default_port: int = 8000
     default_gpu_memory_utilization_percent: int = 90
+    default_max_num_seqs: int | None = None
+    """The engine's own --max-num-seqs when none is given, where it does not depend on the hardware."""
     safe_extra_flags: frozenset[str] = frozenset()
     """Flags a BatchTuning's `extraArgs` may add to trials (and so to production): nothing that loads
     code, changes identity (model, name, host, port), or sets a tuned knob behind the search's back."""

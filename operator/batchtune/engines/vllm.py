@@ -132,6 +132,7 @@ class Vllm(Engine):
     readiness_path = "/health"
     default_port = 8000
     default_gpu_memory_utilization_percent = 90
+    default_max_num_seqs = 256  # vLLM's batch default off >=70 GiB GPUs (1024 on H100/H200-class ones)
 
     @cached_property
     def catalog(self) -> dict[str, Arity]:
