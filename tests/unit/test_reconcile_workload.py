@@ -233,3 +233,15 @@ def test_a_fixed_load_objective_gets_no_hint_and_says_why():
     rec = w.status["recommendation"]
     assert "replicasHint" not in rec
     assert rec["replicasBasis"].startswith("no replica hint: the OutputThroughput objective measures one fixed load")
+
+
+def test_a_quiet_productions_capacity_search_starts_where_a_window_holds_enough_requests():
+    w = world(load={"fromProduction": True}, searchSpace={"maxNumSeqs": {"values": [16]}})
+    w.bt_spec["load"].pop("concurrency")
+    w.traffic = chat_traffic(requests_per_window=12.0)  # 0.2 req/s: 6 requests in a 30 s window
+    w.run_until({"Trialing"})
+    while not w.jobs:
+        w.tick()
+    args = load_args(w)
+    # 40 requests (twice the 20 a verdict needs) in spec.trial.measureSeconds 30: 80 a minute.
+    assert float(args[args.index("--request-rate") + 1]) * 60 == pytest.approx(80, abs=0.01)

@@ -38,10 +38,12 @@ from batchtune.core.production import fingerprint
 from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
 from batchtune.core.settings import Setting as CoreSetting
-from batchtune.core.slo import SloTargets
+from batchtune.core.slo import MIN_SAMPLES, SloTargets
 from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import bucket_text
 
+SAMPLES_FLOOR = 2 * MIN_SAMPLES
+"""Requests the first open-loop step of a capacity search should hold in its window (twice what a verdict needs)."""
 TRACE_AS_IS_PERCENT = 100
 """A trace replayed at 100% of its speed is replayed as is (the capacity search may speed it up)."""
 # A load run whose data never shows up is run again this many times, then the trial is Failed.
@@ -67,14 +69,19 @@ def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> P
     rate = load.requests_per_minute
     profile = workload.profile() if workload is not None else None
     peak = profile.peak_per_replica() if profile is not None else None
+    first = None
     if rate is None and load.concurrency is None and load.from_production and peak:
         rate = max(1, round(peak * 60))
+        if objective.searches_capacity and not load.num_prompts:
+            # A quiet production's peak would give a first step too few requests to judge (Unknown):
+            # the search starts where one window holds enough of them, and walks down if that fails.
+            first = max(rate, math.ceil(SAMPLES_FLOOR * 60 / spec.trial.measure_seconds))
     trace = load.trace_config_map_ref is not None
     if trace:
         rate = TRACE_AS_IS_PERCENT  # a trace's loads are percent of its own speed
     fixed = rate if rate is not None else load.concurrency
     return ProtocolConfig(objective=objective, slo=SloTargets.from_spec(spec.slo), open_loop=rate is not None,
-                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed, trace=trace)
+                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=first or fixed, trace=trace)
 
 
 def goodput_targets(spec: BatchTuningSpec) -> tuple[tuple[str, int], ...]:
