@@ -19,6 +19,7 @@ from fake_world import (
 )
 from fake_world import tuning_world as world
 
+from batchtune.controller.retune import watch_due
 from batchtune.core.production import AppliedMark, MarkState
 from batchtune.core.retune import judge_round
 
@@ -87,6 +88,25 @@ def test_the_first_round_is_recorded_and_the_watch_checks_cheaply_without_drift(
     watch = w.status["retune"]
     assert watch["message"].startswith("within the thresholds") and watch["drift"]["promptShiftPercent"] == 0
     assert w.status["round"] == 1 and w.phase == "Recommended" and w.created.count("Deployment/tune-trial-0") == 1
+
+
+def test_the_timer_skips_a_watched_tuning_only_between_its_checks():
+    # The kopf timer skips a terminal tuning with nothing to clean up; a watched one must still get
+    # the tick of each check (the integration test found the watch never ran without this).
+    w = retuned()
+    w.run_until(DECIDED)
+    due = w.status["retune"]["nextCheckAt"]
+    assert not watch_due(w.bt_spec, w.status, w.now)
+    w.now += timedelta(seconds=61)
+    assert watch_due(w.bt_spec, w.status, w.now)
+    assert watch_due(w.bt_spec, {**w.status, "retune": {}}, w.now)  # never checked: due now
+    assert watch_due(w.bt_spec, {**w.status, "retune": {"nextCheckAt": "garbage"}}, w.now)
+    assert watch_due(w.bt_spec, {**w.status, "retune": {"nextCheckAt": due.rstrip("Z")}}, w.now)  # no zone: UTC
+    assert not watch_due({k: v for k, v in w.bt_spec.items() if k != "retune"}, w.status, w.now)
+    assert not watch_due(w.bt_spec, {**w.status, "phase": "RolledBack"}, w.now)  # the watch stopped
+    assert not watch_due(w.bt_spec, {**w.status, "rounds": [{**w.status["rounds"][-1], "endedAt": None}]}, w.now)
+    w.tick(advance=0)
+    assert w.status["retune"]["lastCheckAt"] and not watch_due(w.bt_spec, w.status, w.now)
 
 
 def test_a_drift_to_long_prompts_runs_a_round_that_measures_production_and_recommends_another_setting():

@@ -11,6 +11,10 @@ overlap. A round ends when its phase becomes terminal (`track`), with an Event s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
 from batchtune.api import RetuneRecord, RoundRecord, TrialRecord
 from batchtune.controller import status as status_io
 from batchtune.controller.plan import production_profile
@@ -66,6 +70,27 @@ def record_round(tick: Tick, current: TrialRecord, current_value: float | None, 
     last.current_objective = finite(current_value)
     last.best_trial, last.best_setting, last.best_objective = best_trial, best_setting, finite(best_value)
     last.improvement_percent = finite(judged.improvement_percent)
+
+
+def watch_due(spec: Mapping[str, Any], status: Mapping[str, Any], now: datetime) -> bool:
+    """Whether a decided tuning's watch has a check to make now, from the raw spec and status.
+
+    The timer skips a terminal tuning that has nothing to clean up; one that is watched is skipped
+    only between its checks (a tick then does nothing anyway), so the watch costs nothing while idle.
+    """
+    if not spec.get("retune") or status.get("phase") not in {p.value for p in WATCHED_PHASES}:
+        return False
+    rounds = status.get("rounds") or []
+    if not rounds or not rounds[-1].get("endedAt"):
+        return False  # no decided round to watch after
+    due = (status.get("retune") or {}).get("nextCheckAt")
+    if due is None:
+        return True
+    try:
+        at = datetime.fromisoformat(str(due))
+    except ValueError:
+        return True  # unreadable: let the tick read status and write a fresh one
+    return now >= (at if at.tzinfo is not None else at.replace(tzinfo=UTC))
 
 
 def watch(tick: Tick) -> None:
