@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from datetime import UTC, datetime
 
 import pytest
 
+from batchtune.api import WorkloadRecord
 from batchtune.core.workload import (
     MIN_BURSTINESS_WINDOWS,
     DriftThresholds,
@@ -267,6 +269,23 @@ def test_a_peak_rate_change_triggers_past_its_threshold_either_way(level, fires)
     assert (why is not None) is fires
     if fires:
         assert "spec.retune.drift.peakRateChangePercent" in why
+
+
+def test_a_rate_without_its_series_is_no_peak_to_compare():
+    # A production younger than the lookback has no full rate window yet: its rate is the lookback's
+    # count over the lookback, 20x too quiet here, and must not read as a 2000% busier production later.
+    young = profile(counts=())
+    assert not young.rate_measured and young.arrivals.peak_per_second == pytest.approx(1000 / 3600)
+    busy = profile(counts=[360.0] * 60)
+    assert busy.rate_measured
+    moved = drift(young, busy)
+    assert moved.peak_change_percent is None and "peakChangePercent" not in moved.to_metrics()
+    assert drift_trigger(moved, DriftThresholds(peak_rate_change_percent=50)) is None
+    assert drift(busy, young).peak_change_percent is None
+    # Stored in status and read back, it is still a rate without its series.
+    again = WorkloadRecord.of(young, datetime(2026, 1, 1, tzinfo=UTC)).profile()
+    assert again is not None and not again.rate_measured
+    assert drift(busy, profile(counts=[720.0] * 60)).peak_change_percent == pytest.approx(100.0)
 
 
 def test_an_unwatched_drift_never_triggers():

@@ -259,6 +259,15 @@ class WorkloadProfile:
     replicas: int = 1
     """Production's pods when measured: the rates are theirs together; one trial is one replica."""
 
+    @property
+    def rate_measured(self) -> bool:
+        """Whether the rates come from the request-rate series (windows shorter than the lookback).
+
+        Without that series the rate is the lookback's count over its length (said in `notes`), which
+        reads far too quiet for a production younger than the lookback: no peak to compare.
+        """
+        return self.arrivals is not None and self.arrivals.window_seconds < self.lookback_seconds
+
     def peak_per_replica(self) -> float | None:
         """Production's peak rate over its replicas: what one trial pod would face."""
         if self.arrivals is None:
@@ -380,9 +389,9 @@ class Drift:
 def drift(reference: WorkloadProfile, current: WorkloadProfile) -> Drift:
     prompt, output = ks_distance(reference.prompt, current.prompt), ks_distance(reference.output, current.output)
     peak = None
-    if reference.arrivals is not None and current.arrivals is not None and reference.arrivals.peak_per_second > 0:
-        peak = 100.0 * (current.arrivals.peak_per_second - reference.arrivals.peak_per_second) \
-            / reference.arrivals.peak_per_second
+    before, after = reference.arrivals, current.arrivals
+    if reference.rate_measured and current.rate_measured and before and after and before.peak_per_second > 0:
+        peak = 100.0 * (after.peak_per_second - before.peak_per_second) / before.peak_per_second
     return Drift(None if prompt is None else 100.0 * prompt, None if output is None else 100.0 * output, peak)
 
 
