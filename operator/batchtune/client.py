@@ -11,6 +11,7 @@ no kubeconfig, an unreachable API server, the CRD not installed, no such BatchTu
 from __future__ import annotations
 
 import base64
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,30 @@ class Kube:
         files = {key: value.encode() for key, value in (cm.data or {}).items()}
         files.update({key: base64.b64decode(value) for key, value in (cm.binary_data or {}).items()})
         return files
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Deployment as the API server's JSON (camelCase), for `batchtune workload capture`."""
+        from kubernetes import client
+
+        try:
+            resp: Any = client.AppsV1Api(self.api).read_namespaced_deployment(name, namespace, _preload_content=False)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if _status(exc) == 404:
+                raise NotFound(f'Deployment "{name}" not found in namespace "{namespace}"') from None
+            raise self._error(exc, f"get Deployment {namespace}/{name}") from None
+        return cast(dict[str, Any], json.loads(resp.data))
+
+    def pods(self, namespace: str, match_labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The pods a Deployment's matchLabels select, as the API server's JSON."""
+        from kubernetes import client
+
+        selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
+        try:
+            resp: Any = client.CoreV1Api(self.api).list_namespaced_pod(namespace, label_selector=selector,
+                                                                       _preload_content=False)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            raise self._error(exc, f"list pods in {namespace}") from None
+        return cast(list[dict[str, Any]], json.loads(resp.data).get("items") or [])
 
     def _error(self, exc: Exception, doing: str) -> CliError:
         status = _status(exc)

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,21 @@ class Operator:
         return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
+def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path) -> Iterator[Operator]:
+    """The body of an `operator` fixture: the operator for the test, then its BatchTunings deleted while
+    it still runs (so their finalizer is honoured and the namespace can go), then stopped."""
+    op = Operator(Path(operator_kubeconfig), namespace, log_dir)
+    op.start()
+    yield op
+    op.start() if op.proc is None or op.proc.poll() is not None else None
+    kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and kube.custom.list_namespaced_custom_object(
+            "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"]:
+        time.sleep(0.5)
+    op.stop()
+
+
 def _free_port() -> int:
     import socket
 
@@ -141,10 +156,12 @@ class Traffic(threading.Thread):
     request, which also follows a rollout."""
 
     def __init__(self, kube: Any, namespace: str, selector: str, rate: float = 2.0, max_tokens: int = 16,
-                 concurrency: int = 1, deadline_s: float = 900) -> None:
+                 concurrency: int = 1, deadline_s: float = 900, prompt_words: int = 200) -> None:
         super().__init__(daemon=True)
         self.kube, self.namespace, self.selector = kube, namespace, selector
         self.rate, self.max_tokens, self.concurrency = rate, max_tokens, concurrency
+        self.prompt_words = prompt_words
+        """Words per prompt (the twin counts 1.3 tokens a word); set it while running to shift the traffic."""
         self.deadline = time.monotonic() + deadline_s
         self.stopped = threading.Event()
         self.sent = self.failed = 0
@@ -155,7 +172,8 @@ class Traffic(threading.Thread):
             c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
 
     def _one(self, ip: str) -> None:
-        body = json.dumps({"model": MODEL, "prompt": "hello " * 200, "max_tokens": self.max_tokens}).encode()
+        body = json.dumps({"model": MODEL, "prompt": "hello " * self.prompt_words,
+                           "max_tokens": self.max_tokens}).encode()
         req = urllib.request.Request(f"http://{ip}:8000/v1/completions", body, {"Content-Type": "application/json"})
         try:
             urllib.request.urlopen(req, timeout=60).read()
@@ -188,16 +206,23 @@ def condition(bt: dict, type_: str) -> dict:
 
 def wait_phase(kube: Any, namespace: str, name: str, phases: set[str], timeout: float,
                operator: Operator | None = None) -> dict:
+    return wait_status(kube, namespace, name, lambda s: s.get("phase") in phases, timeout, operator,
+                       f"in {phases}")
+
+
+def wait_status(kube: Any, namespace: str, name: str, done: Callable[[dict], bool], timeout: float,
+                operator: Operator | None = None, what: str = "done") -> dict:
+    """Polls the BatchTuning until `done(status)`; fails with its status and the operator's log."""
     deadline = time.monotonic() + timeout
     bt: dict = {}
     while time.monotonic() < deadline:
         bt = get_bt(kube, namespace, name)
-        if (bt.get("status") or {}).get("phase") in phases:
+        if done(bt.get("status") or {}):
             return bt
         time.sleep(1)
     status = json.dumps(bt.get("status"), indent=1)[-3000:]
     logs = operator.logs()[-3000:] if operator else ""
-    raise AssertionError(f"{namespace}/{name} not in {phases} after {timeout}s; status: {status}\n{logs}")
+    raise AssertionError(f"{namespace}/{name} not {what} after {timeout}s; status: {status}\n{logs}")
 
 
 def container_of(kube: Any, namespace: str, name: str) -> dict:

@@ -11,13 +11,11 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from operator_env import (
     MODEL,
     PRODUCTION_ARGS,
-    Operator,
     Traffic,
     batchtuning,
     condition,
@@ -25,6 +23,7 @@ from operator_env import (
     get_bt,
     grant_operator_rbac,
     production,
+    running_operator,
     wait_phase,
 )
 
@@ -41,18 +40,7 @@ def operator_rbac(kubectl, batchtuning_crd):
 
 @pytest.fixture
 def operator(cluster, kube, namespace, operator_rbac, tmp_path):
-    op = Operator(Path(cluster.operator_kubeconfig), namespace, tmp_path)
-    op.start()
-    yield op
-    # Delete the BatchTunings while the operator still runs, so their finalizer is honoured and
-    # the namespace can go.
-    op.start() if op.proc is None or op.proc.poll() is not None else None
-    kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and kube.custom.list_namespaced_custom_object(
-            "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"]:
-        time.sleep(0.5)
-    op.stop()
+    yield from running_operator(cluster.operator_kubeconfig, kube, namespace, tmp_path)
 
 
 def apply(kube, obj: dict) -> None:

@@ -11,10 +11,12 @@ import copy
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from batchtune.controller.ports import Conflict, Install, JobRun, NotAllowed, Owned, Ports
 from batchtune.controller.prometheus import Production, PrometheusUnavailable
@@ -23,6 +25,7 @@ from batchtune.controller.tick import PROMETHEUS_BACKOFF, Tuning
 from batchtune.core.manifests import LABEL_COMPONENT, LABEL_TRIAL, LABEL_TUNING, label_value
 from batchtune.core.measurement import Window
 from batchtune.core.vocabulary import M
+from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import ENGINES
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
@@ -42,6 +45,34 @@ def knee_model(seqs: int, gmu: int, concurrency: int) -> dict[str, float]:
     return {M.ITL_MS: itl, M.TTFT_MS: ttft, M.E2E_MS: ttft + 128 * itl, M.OUTPUT_THROUGHPUT: throughput * 10,
             M.REQUEST_THROUGHPUT: throughput / 12.8, M.WAITING_REQUESTS: float(queue),
             M.KV_CACHE_USAGE_PERCENT: min(100.0, running * 2.0), M.GPU_UTIL_PERCENT: 95.0, M.POWER_WATTS: 500.0}
+
+
+LENGTH_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, math.inf)
+
+
+def buckets(per_bucket: Mapping[float, float]) -> tuple[tuple[float, float], ...]:
+    """Cumulative `le` buckets (vLLM's 1-2-5 bounds) from per-bucket counts."""
+    running, out = 0.0, []
+    for bound in LENGTH_BOUNDS:
+        running += per_bucket.get(bound, 0.0)
+        out.append((bound, running))
+    return tuple(out)
+
+
+def chat_traffic(requests_per_window: float = 300.0, windows: int = 60) -> WorkloadObservation:
+    """Short chat: prompts of a few hundred tokens (mean 300), outputs about 100, 5 requests/s."""
+    total = requests_per_window * windows
+    return WorkloadObservation(3600, buckets({200.0: total * 0.4, 500.0: total * 0.6}),
+                               buckets({50.0: total * 0.3, 100.0: total * 0.3, 200.0: total * 0.4}), 300.0, 100.0,
+                               tuple([requests_per_window] * windows), 60)
+
+
+def long_prompt_traffic(requests_per_window: float = 120.0, windows: int = 60) -> WorkloadObservation:
+    """Long documents: prompts of 1000-5000 tokens (mean 2500), short outputs, 2 requests/s."""
+    total = requests_per_window * windows
+    return WorkloadObservation(3600, buckets({2000.0: total * 0.5, 5000.0: total * 0.5}),
+                               buckets({50.0: total * 0.5, 100.0: total * 0.5}), 2500.0, 60.0,
+                               tuple([requests_per_window] * windows), 60)
 
 
 def production_target(name: str = "llm", args: list[str] | None = None, gpus: int = 1,
@@ -125,6 +156,11 @@ class World:
     """(Job name, measured seconds) of every load run, in order."""
     production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
     production_requests_per_second: float = 5.0
+    production_replicas: int = 1
+    production_peak_per_second: float = 10.0
+    """What `production_peak_rate` answers (the highest 1-minute rate of the last hour)."""
+    traffic: WorkloadObservation | None = field(default_factory=lambda: chat_traffic())
+    """What production's length histograms and request counts say (None: production has no pods)."""
     intents: list[int] = field(default_factory=list)
     conflict_next_patch: bool = False
     rollout_done: bool = True
@@ -212,8 +248,12 @@ class World:
             if status.get("conditions"):
                 continue
             args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-            load = int(args[args.index("--concurrency") + 1]) if "--concurrency" in args else \
-                int(round(float(args[args.index("--request-rate") + 1]) * 60))
+            if "--concurrency" in args:
+                load = int(args[args.index("--concurrency") + 1])
+            elif "--trace-speed-percent" in args:
+                load = int(args[args.index("--trace-speed-percent") + 1]) // 4  # a trace of 4 concurrent at 100%
+            else:
+                load = int(round(float(args[args.index("--request-rate") + 1]) * 60))
             start = self.now - timedelta(seconds=60)
             end = self.now - timedelta(seconds=1)
             status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -233,6 +273,8 @@ class World:
                        "p95_itl_ms": figures[M.ITL_MS], "p95_ttft_ms": figures[M.TTFT_MS],
                        "p95_e2el_ms": figures[M.E2E_MS], "request_throughput": figures[M.REQUEST_THROUGHPUT],
                        "output_throughput": figures[M.OUTPUT_THROUGHPUT]}
+            if M.GOODPUT in figures and "--goodput" in args:
+                summary["request_goodput"] = figures[M.GOODPUT]
             job["message"] = json.dumps(summary)
             job["figures"] = figures
 
@@ -278,7 +320,8 @@ class FakeCluster:
 
     def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         match = selector.get("matchLabels") or {}
-        return [{"metadata": {"name": "llm-prod-0", "labels": dict(match)}, "spec": {"nodeName": "gpu-node-0"}}]
+        return [{"metadata": {"name": f"llm-prod-{i}", "labels": dict(match)}, "spec": {"nodeName": "gpu-node-0"}}
+                for i in range(self.w.production_replicas)]
 
     def nodes(self) -> list[dict[str, Any]] | None:
         return copy.deepcopy(self.w.nodes)
@@ -387,13 +430,16 @@ class FakeReader:
                 M.ERROR_RATE_PERCENT: 0.0, "servedSharePercent": 100.0,
                 M.REQUESTS: self.w.production_requests_per_second * seconds}
 
-    def production_workload(self, production: Production, lookback_s: int) -> dict[str, Any] | None:
+    def production_workload(self, production: Production, lookback_s: int, window_s: int) -> WorkloadObservation | None:
         self._query()
-        return {"inputTokens": 300, "outputTokens": 100, "requestsPerMinute": 300, "source": "production"}
+        traffic = self.w.traffic
+        if traffic is None:
+            return None
+        return replace(traffic, lookback_seconds=lookback_s, window_seconds=window_s, replicas=len(production.pods))
 
     def production_peak_rate(self, production: Production, lookback_s: int) -> float | None:
         self._query()
-        return 10.0
+        return self.w.production_peak_per_second
 
     def production_gpu_model(self, production: Production) -> str | None:
         self._query()
@@ -419,3 +465,18 @@ class FakeReports:
 
 def reset_backoff() -> None:
     PROMETHEUS_BACKOFF.clear()
+
+
+@pytest.fixture
+def fresh_backoff() -> Iterator[None]:
+    """The Prometheus back-off is process state: every test starts and ends without one."""
+    reset_backoff()
+    yield
+    reset_backoff()
+
+
+def tuning_world(**spec_overrides: Any) -> World:
+    """A world with production's Deployment and a BatchTuning of `spec(**spec_overrides)`."""
+    w = World(bt_spec=spec(**spec_overrides))
+    w.deployments["llm"] = production_target()
+    return w

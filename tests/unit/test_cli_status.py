@@ -221,3 +221,66 @@ def test_status_without_a_kubeconfig(tmp_path, capsys, monkeypatch):
     assert main(["status", "llama-8b"]) == 1
     err = capsys.readouterr().err
     assert f"no kubeconfig at {tmp_path}/.kube/config" in err
+
+
+def _production_workload() -> dict:
+    return {"source": "production", "summary": "production over 1h (18000 requests): 5 req/s mean",
+            "measuredAt": "2025-01-01T10:55:00Z", "lookbackSeconds": 3600, "requests": 18000,
+            "requestsPerSecond": 5.0, "peakRequestsPerSecond": 7.5, "burstiness": 0.6, "rateWindowSeconds": 60,
+            "prefixCacheHitPercent": 31.0,
+            "promptLengths": {"mean": 300.0, "p50": 250.0, "p90": 440.0, "p99": 494.0, "buckets": []},
+            "outputLengths": {"mean": 100.0, "p50": 90.0, "p90": 180.0, "p99": 198.0, "buckets": []},
+            "notes": ["some lengths lie above the histogram's last finite bound"]}
+
+
+def test_the_measured_workload_is_shown_and_the_decision_names_it():
+    bt = cli_fakes.succeeded()
+    bt["status"]["workload"] = _production_workload()
+    bt["status"]["recommendation"]["workload"] = bt["status"]["workload"]["summary"]
+    out = text_of(st.render_status(bt, NOW))
+    assert "Workload: production over 3,600s, 18,000 requests, measured 5m ago" in out
+    assert "arrivals: 5.00 req/s mean, 7.50 peak (60s windows), burstiness 0.60 (burstier than Poisson)" in out
+    assert "prompt tokens: mean 300  p50 250  p90 440  p99 494" in out
+    assert "prefix cache: 31% of prompt tokens hit" in out
+    assert "note: some lengths lie above" in out
+    assert "for: production over 1h (18000 requests): 5 req/s mean" in out
+
+
+def test_unmeasured_burstiness_says_poisson_is_assumed():
+    bt = cli_fakes.succeeded()
+    bt["status"]["workload"] = {**_production_workload(), "burstiness": None}
+    assert "burstiness not measured (Poisson assumed)" in text_of(st.workload_block(bt, NOW))
+
+
+def test_a_spec_workload_is_one_line():
+    bt = cli_fakes.succeeded()
+    bt["status"]["workload"] = {"source": "spec", "summary": "spec.load: 512 prompt and 128 output tokens"}
+    assert text_of(st.workload_block(bt, NOW)).strip() == "Workload: spec.load: 512 prompt and 128 output tokens"
+
+
+def test_goodput_gets_a_column_when_measured():
+    bt = cli_fakes.succeeded()
+    assert "goodput" not in text_of(st.trials_table(bt))
+    bt["status"]["trials"][3]["metrics"]["goodput"] = 2.75
+    out = text_of(st.trials_table(bt))
+    assert "goodput" in out and "2.75" in out
+
+
+def test_rounds_and_the_watch_are_shown():
+    bt = cli_fakes.succeeded()
+    bt["status"]["trials"][0]["current"] = True
+    bt["status"]["rounds"] = [
+        {"round": 1, "trigger": "Initial", "startedAt": "2025-01-01T09:00:00Z", "endedAt": "2025-01-01T09:30:00Z",
+         "bestSetting": "seqs=128 gmu=90%", "outcome": "Verified"},
+        {"round": 2, "trigger": "Drift", "reason": "the prompt-length distribution shifted 63%",
+         "startedAt": "2025-01-01T10:00:00Z", "endedAt": "2025-01-01T10:40:00Z", "currentTrial": "t-6",
+         "currentSetting": "seqs=128 gmu=90%", "currentObjective": 3.1, "bestSetting": "seqs=32 gmu=90%",
+         "bestObjective": 3.9, "improvementPercent": 25.8, "outcome": "Verified"}]
+    bt["status"]["retune"] = {"lastCheckAt": "2025-01-01T10:59:00Z", "nextCheckAt": "2025-01-01T11:04:00Z",
+                              "message": "within the thresholds: prompt lengths moved 4%"}
+    out = text_of(st.render_status(bt, NOW))
+    assert "Rounds (spec.retune)" in out and "● production" in out
+    row = next(line for line in out.splitlines() if "Drift" in line)
+    assert "seqs=128 gmu=90% (3.10)" in row and "seqs=32 gmu=90% (3.90)" in row and "25.8" in row
+    assert "round 2 started: the prompt-length distribution shifted 63%" in out
+    assert "watching: next check at 2025-01-01T11:04:00Z; last check 60s ago: within the thresholds" in out

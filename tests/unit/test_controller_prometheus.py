@@ -109,13 +109,7 @@ def test_production_counts_fast_failures_and_the_served_share(prometheus):
     answers = {"failedThroughput": "0.2", "httpFailedThroughput": "0.8", "requestThroughput": "9.2",
                "inSystemGrowth": "30"}
 
-    class Routed(FakePrometheus):
-        pass
-
-    def routed_get(self: BaseHTTPRequestHandler) -> None:
-        from urllib.parse import parse_qs, urlsplit
-
-        query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
+    def route(query: str) -> dict:
         if "http_requests_total" in query:
             value = answers["httpFailedThroughput"]
         elif 'finished_reason=~"abort|error"' in query:
@@ -126,13 +120,9 @@ def test_production_counts_fast_failures_and_the_served_share(prometheus):
             value = answers["requestThroughput"]
         else:
             value = "NaN"
-        body = json.dumps(vector(value)).encode()
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(body)
+        return vector(value)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (FakePrometheus,), {"do_GET": routed_get}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _routed_server(route)
     try:
         now = datetime(2026, 12, 1, 8, tzinfo=UTC)
         out = reader(f"http://127.0.0.1:{server.server_address[1]}").production_window(
@@ -168,3 +158,99 @@ def test_no_production_pod_asks_nothing(prometheus):
     FakePrometheus.queries = []
     assert reader(prometheus).production_gpu_model(Production("ns", ())) is None
     assert FakePrometheus.queries == []
+
+
+def _routed_server(route):
+    """A Prometheus on loopback that answers each query with `route(query)` (a JSON-able body)."""
+    def routed_get(self: BaseHTTPRequestHandler) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
+        FakePrometheus.queries.append(query)
+        body = json.dumps(route(query)).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("W", (FakePrometheus,), {"do_GET": routed_get}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _le_vector(pairs):
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"le": le}, "value": [1.0, str(v)]} for le, v in pairs]}}
+
+
+def _matrix(*series):
+    return {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {}, "values": [[1000.0 + 60 * i, str(v)] for i, v in enumerate(values)]} for values in series]}}
+
+
+# The buckets of the real scrape (metrics-exposition.txt), as increases over the lookback.
+REAL_LE = [("1.0", 0), ("2.0", 0), ("5.0", 1), ("10.0", 2), ("20.0", 2), ("50.0", 3), ("100.0", 3), ("200.0", 3),
+           ("500.0", 3), ("1000.0", 3), ("2000.0", 3), ("+Inf", 3)]
+
+
+def test_production_workload_reads_buckets_means_the_rate_series_and_prefix_cache(prometheus):
+    FakePrometheus.queries = []
+
+    def route(query: str) -> dict:
+        if "request_prompt_tokens_bucket" in query or "request_generation_tokens_bucket" in query:
+            return _le_vector(REAL_LE + [("junk", 7)])
+        if "_sum" in query:
+            return vector("12.0")
+        if query.endswith("[3600s:60s]"):
+            return _matrix(["1", "NaN", "2", "0"])
+        if "prefix_cache_hits" in query:
+            return vector("25")
+        if "prefix_cache_queries" in query:
+            return vector("100")
+        return vector()
+
+    server = _routed_server(route)
+    try:
+        obs = reader(f"http://127.0.0.1:{server.server_address[1]}").production_workload(
+            Production("ns", ("llm-0", "llm-1")), 3600, 60)
+    finally:
+        server.shutdown()
+    assert obs is not None and obs.lookback_seconds == 3600 and obs.window_seconds == 60
+    assert obs.prompt_buckets[-1] == (math.inf, 3.0) and len(obs.prompt_buckets) == 12  # "junk" left out
+    assert obs.prompt_mean == 12.0 and obs.request_counts == (1.0, 2.0, 0.0)
+    assert (obs.prefix_cache_hits, obs.prefix_cache_queries) == (25.0, 100.0)
+    joined = "\n".join(FakePrometheus.queries)
+    assert 'pod=~"llm-0|llm-1"' in joined and 'namespace="ns"' in joined
+    assert "vllm:gpu_prefix_cache_hits_total" in joined  # the older name, queried as `or`
+
+
+def test_production_workload_uses_the_configured_metric_names(prometheus):
+    FakePrometheus.queries = []
+    server = _routed_server(lambda query: vector())
+    ctx = QueryContext(MetricNames.build(VLLM.metrics, {"requestPromptTokens": "my:prompt_len",
+                                                        "prefixCacheHits": "my:hits"}),
+                       LabelNames(pod="kubernetes_pod_name"), LabelNames(model=None), 95)
+    try:
+        obs = PrometheusReader(f"http://127.0.0.1:{server.server_address[1]}", ctx, timeout_s=5) \
+            .production_workload(Production("ns", ("p",)), 7200, 120)
+    finally:
+        server.shutdown()
+    joined = "\n".join(FakePrometheus.queries)
+    assert "my:prompt_len_bucket" in joined and "vllm:request_prompt_tokens" not in joined
+    assert "my:hits" in joined and "gpu_prefix_cache_hits" not in joined  # an override drops the alias
+    assert "kubernetes_pod_name" in joined and "[7200s:120s]" in joined
+    assert obs is not None and obs.prompt_buckets == () and obs.request_counts == ()
+
+
+def test_production_workload_with_several_rate_series_is_no_series(prometheus):
+    server = _routed_server(lambda q: _matrix(["1", "2"], ["3", "4"]) if q.endswith("s]") and ":" in q.rsplit("[", 1)[1]
+                            else vector())
+    try:
+        obs = reader(f"http://127.0.0.1:{server.server_address[1]}").production_workload(Production("ns", ("p",)),
+                                                                                          3600, 60)
+    finally:
+        server.shutdown()
+    assert obs is not None and obs.request_counts == ()
+
+
+def test_production_workload_without_pods_is_none(prometheus):
+    assert reader(prometheus).production_workload(Production("ns", ()), 3600, 60) is None

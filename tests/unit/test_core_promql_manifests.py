@@ -353,3 +353,64 @@ def test_cli_plan(tmp_path, capsys):
     )
     assert main(["plan", "-f", str(empty)]) == 1
     assert "no candidate setting is left" in capsys.readouterr().out
+
+
+def test_workload_queries_read_the_histograms_the_rate_series_and_the_prefix_cache():
+    from batchtune.core.promql import rate_window_seconds, workload_queries
+
+    sel = pods_selector(LabelNames(), "prod", ["llm-0"])
+    q = workload_queries(_ctx(), sel, 3600, 60)
+    assert q["promptBuckets"] == ('sum by (le) (increase(vllm:request_prompt_tokens_bucket'
+                                  '{namespace="prod",pod=~"llm-0"}[3600s]))')
+    assert "vllm:request_generation_tokens_bucket" in q["outputBuckets"]
+    assert q["promptMean"].startswith("sum(increase(vllm:request_prompt_tokens_sum{")
+    assert q["requestCounts"].endswith(")[3600s:60s]") and "[60s]" in q["requestCounts"]
+    assert "vllm:prefix_cache_hits_total" in q["prefixHits"] and "vllm:gpu_prefix_cache_hits_total" in q["prefixHits"]
+    assert rate_window_seconds(15) == 60 and rate_window_seconds(30) == 120
+    with pytest.raises(ValueError, match="shorter than the 120s rate window"):
+        workload_queries(_ctx(), sel, 60, 120)
+
+
+def test_workload_queries_honour_overrides_and_an_engine_without_prefix_counters():
+    from batchtune.core.promql import workload_queries
+    from batchtune.engines.base import MetricConventions
+
+    names = MetricNames.from_spec(VLLM.metrics, MetricNamesSpec(request_generation_tokens="my:out_len"))
+    q = workload_queries(_ctx(names), Selector({"namespace": "p"}), 3600, 60)
+    assert "my:out_len_bucket" in q["outputBuckets"] and "vllm:request_generation_tokens" not in q["outputBuckets"]
+    bare = MetricConventions(names={k: v for k, v in VLLM.metrics.names.items() if "prefix" not in k})
+    q = workload_queries(_ctx(MetricNames.build(bare)), Selector({"namespace": "p"}), 3600, 60)
+    assert "prefixHits" not in q and "prefixQueries" not in q
+
+
+def test_a_load_job_samples_production_lengths_within_the_context():
+    args = _job(LoadProfile(requests_per_minute=90, burstiness=0.5, prompt_lengths="100:3,200:1",
+                            output_lengths="50:4", max_model_len=2048))["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--prompt-buckets") + 1] == "100:3,200:1"
+    assert args[args.index("--output-buckets") + 1] == "50:4"
+    assert args[args.index("--max-model-len") + 1] == "2048"
+    assert "--prompt-buckets" not in _job()["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_trace_load_job_mounts_its_configmap_read_only_and_replays_it():
+    profile = LoadProfile(trace_speed_percent=150, trace_config_map="chat-trace", trace_key="day.jsonl")
+    job = _job(profile)
+    pod = job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--trace") + 1] == "/trace/trace.jsonl"
+    assert args[args.index("--trace-speed-percent") + 1] == "150"
+    assert "--concurrency" not in args and "--request-rate" not in args
+    assert {"name": "trace", "configMap": {"name": "chat-trace", "items": [{"key": "day.jsonl", "path": "trace.jsonl"}]}} \
+        in pod["volumes"]
+    assert {"name": "trace", "mountPath": "/trace", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert pod["automountServiceAccountToken"] is False  # the Job reads the ConfigMap through the kubelet, no token
+    assert "configMap" not in str(_job()["spec"]["template"]["spec"]["volumes"])
+
+
+@pytest.mark.parametrize("kwargs", [
+    pytest.param({"trace_speed_percent": 100}, id="speed-without-configmap"),
+    pytest.param({"concurrency": 4, "trace_speed_percent": 100, "trace_config_map": "t"}, id="trace-and-concurrency"),
+])
+def test_a_trace_profile_is_one_loop_with_its_configmap(kwargs):
+    with pytest.raises(ValueError):
+        LoadProfile(**kwargs)

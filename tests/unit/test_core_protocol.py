@@ -295,6 +295,22 @@ def test_no_capacity_message_names_the_failure_before_any_cross_check_note():
     assert "only 9 requests" in conclusion.outcome(Objective.SLO_CAPACITY).message
 
 
+def test_goodput_searches_the_capacity_and_keeps_the_capacity_steps_goodput():
+    goodput = ProtocolConfig(Objective.GOODPUT, SLO, open_loop=True, first_load=600)
+    assert goodput.searches_capacity
+    assert next_load([], Setting(32, 90), [], goodput) == 600
+    steps = [_step(600, 0.3, goodput=9.0), _step(900, 0.05, goodput=13.5), _step(1200, -0.2, goodput=15.0)]
+    conclusion = conclude(steps, goodput)
+    # The highest load that met the SLO decides: the violated step's larger goodput does not count.
+    assert conclusion.metrics[M.GOODPUT] == 13.5 and conclusion.metrics[M.SLO_CAPACITY_LOAD] == 900
+    assert conclusion.outcome(Objective.GOODPUT).objective == 13.5
+
+
+def test_goodput_over_repeats_is_the_worst_run():
+    combined = worst_case([{M.GOODPUT: 5.0}, {M.GOODPUT: 4.0}])
+    assert combined[M.GOODPUT] == 4.0
+
+
 # ---- a run too thin to judge -------------------------------------------------------------------
 
 THIN_SLO = SloTargets(itl_ms=50, headroom_percent=10)
@@ -318,4 +334,3 @@ def thin(samples: float, itl: float = 20.0) -> dict[str, float]:
 ])
 def test_a_thin_run_is_run_longer_from_the_rate_it_saw(metrics, seconds, wanted):
     assert longer_run(metrics, seconds, 30, THIN_SLO) == wanted
-

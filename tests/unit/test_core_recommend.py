@@ -114,3 +114,33 @@ def test_the_patches_are_well_formed_and_say_the_same():
     assert helm["vllm"] == {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "maxNumBatchedTokens": 4096}
     assert helm["extraArgs"][-1] == "--enforce-eager"
     assert list(helm) == ["vllm", "extraArgs"]  # keys in the order a reader expects
+
+
+@pytest.mark.parametrize("objective, capacities, peak, replicas", [
+    pytest.param("SloCapacity", [4.0], 10.0, 3, id="peak-over-capacity"),
+    pytest.param("SloCapacity", [4.0], 8.0, 2, id="exactly"),
+    pytest.param("SloCapacity", [5.0, 4.0], 10.0, 3, id="the-worst-repeat-counts"),
+    pytest.param("Goodput", [4.0], 10.0, 3, id="goodput-searches-the-same-capacity"),
+    pytest.param("SloCapacity", [4.0, None], 10.0, None, id="a-repeat-without-capacity"),
+    pytest.param("SloCapacity", [], 10.0, None, id="no-capacity"),
+    pytest.param("SloCapacity", [4.0], None, None, id="no-peak"),
+    pytest.param("OutputThroughput", [4.0], 10.0, None, id="fixed-load-has-no-capacity"),
+    pytest.param("TokensPerJoule", [4.0], 10.0, None, id="fixed-load-tokens-per-joule"),
+])
+def test_replica_hint(objective, capacities, peak, replicas):
+    from batchtune.core.recommend import replica_hint
+
+    hint = replica_hint(objective, capacities, peak, "the profile", 10)
+    assert hint.replicas == replicas
+    if replicas is None:
+        assert hint.basis.startswith("no replica hint")
+    else:
+        assert "10% headroom" in hint.basis and "so no more is added" in hint.basis
+
+
+def test_the_headroom_is_counted_once():
+    from batchtune.core.recommend import replica_hint
+
+    # A capacity of 4 req/s measured under the SLO less 25% headroom serves a 12 req/s peak with 3 replicas;
+    # taking the headroom off again (4 * 0.75 = 3 req/s) would ask for 4.
+    assert replica_hint("SloCapacity", [4.0], 12.0, "the profile", 25).replicas == 3

@@ -207,3 +207,29 @@ def test_invalid_spec_names_field(kwargs):
     field = next(iter(kwargs)).split("_s")[0]
     with pytest.raises(ValueError, match=field):
         LoadSpec(**kwargs)
+
+
+def test_goodput_counts_the_completed_requests_that_met_every_target():
+    records = [_record(0.0, 0.1, [0.02] * 9),    # ttft 100, tpot 20, e2el 280: good
+               _record(0.5, 0.6, [0.02] * 9),    # ttft 600: too slow to start
+               _record(1.0, 0.1, [0.08] * 9),    # tpot 80: too slow to stream
+               _record(1.5, 0.1, [], ok=True)]   # one token: no TPOT, judged on TTFT and E2E
+    window = Window(start=0.0, end=4.0, output_tokens=40)
+    result = compute_result(records, window, goodput_ms=(("ttft", 500.0), ("tpot", 50.0), ("e2el", 2000.0)))
+    assert result["request_goodput"] == pytest.approx(2 / 4.0)
+    assert result["request_throughput"] == pytest.approx(4 / 4.0)
+    assert compute_result(records, window)["request_goodput"] is None  # no targets: not measured, never 0
+    # At a time scale, the targets are in the simulated GPU's time, as every other figure.
+    scaled = compute_result(records[:1], window, time_scale=10.0, goodput_ms=(("ttft", 500.0),))
+    assert scaled["request_goodput"] == 0.0
+    assert '"request_goodput"' in compact_summary(result)
+
+
+def test_goodput_keys_are_vllms():
+    from batchtune.cli.loadgen import parse_goodput
+
+    assert parse_goodput("tpot:50") == ("tpot", 50.0)
+    with pytest.raises(ValueError, match="'itl:50'"):
+        parse_goodput("itl:50")
+    with pytest.raises(ValueError, match="goodput_ms"):
+        LoadSpec(goodput_ms=(("ttft", -1.0),))

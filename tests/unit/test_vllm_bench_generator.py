@@ -45,6 +45,16 @@ def test_an_open_loop_sends_the_rate_and_enough_prompts_for_the_window():
     assert argv[argv.index("--request-rate") + 1] == "2" and int(argv[argv.index("--num-prompts") + 1]) >= 180
 
 
+def test_production_burstiness_and_the_slo_goodput_reach_vllm_bench():
+    argv = job(requests_per_minute=120, burstiness=0.4, goodput_ms=(("ttft", 2000), ("tpot", 50)))[
+        "spec"]["template"]["spec"]["initContainers"][0]["args"]
+    assert argv[argv.index("--burstiness") + 1] == "0.4"
+    i = argv.index("--goodput")
+    assert argv[i + 1:i + 3] == ["ttft:2000", "tpot:50"]
+    closed = job(concurrency=4)["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    assert "--burstiness" not in closed and "--goodput" not in closed  # closed loop: no arrivals to shape
+
+
 def test_a_real_bench_result_becomes_the_operators_summary(tmp_path):
     out = tmp_path / "termination"
     done = subprocess.run([sys.executable, "-m", "batchtune", "loadgen", "--summarize-result", str(GOLDEN),

@@ -34,6 +34,9 @@ from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.verify import InconclusivePolicy
 from batchtune.core.vocabulary import Phase, TrialState, Verdict
+from batchtune.core.workload import ArrivalProfile as CoreArrivalProfile
+from batchtune.core.workload import LengthDistribution as CoreLengthDistribution
+from batchtune.core.workload import WorkloadProfile as CoreWorkloadProfile
 
 API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
 
@@ -320,7 +323,8 @@ class ObjectiveSpec(_Spec):
     """What "best" means among trials that meet every SLO."""
 
     type: ObjectiveType = ObjectiveType.SLO_CAPACITY
-    """SloCapacity, OutputThroughput, GpuUtilization or TokensPerJoule."""
+    """SloCapacity, OutputThroughput, GpuUtilization, TokensPerJoule or Goodput (requests per second that met every
+    SLO target each, at the SLO capacity under production's shape)."""
 
 
 class SloSpec(_Spec):
@@ -357,6 +361,24 @@ class SloSpec(_Spec):
         return {name: ms for name, ms in targets.items() if ms is not None}
 
 
+class ProductionWorkloadSpec(_Spec):
+    """How production's workload is measured (with fromProduction, and by spec.retune's drift watch)."""
+
+    lookback_seconds: Annotated[Int, Field(ge=600, le=2_592_000)] = 3600
+    """How far back production's traffic is measured: its length histograms, request rate and burstiness."""
+    min_requests: Annotated[Int, Field(ge=1, le=10_000_000)] = 100
+    """Requests the lookback must hold before a profile is trusted; fewer: the tuning waits (WaitingForProductionData)."""
+
+
+class ConfigMapKeyRef(_Spec):
+    """A key in a ConfigMap in the BatchTuning's namespace."""
+
+    name: Annotated[Str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """Name of the ConfigMap."""
+    key: Annotated[Str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)] = "trace.jsonl"
+    """Key in the ConfigMap."""
+
+
 class LoadSpec(_Spec):
     """The load driven at each trial."""
 
@@ -373,10 +395,16 @@ class LoadSpec(_Spec):
     output_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 128
     """Output length in tokens."""
     from_production: Bool = False
-    """Derive token lengths (and the rate) from production's vLLM histograms instead of the fixed values."""
+    """Drive production's own workload: prompt and output lengths sampled from its length histograms and, with
+    neither concurrency nor requestsPerMinute set, open-loop arrivals at its peak rate with its burstiness."""
+    production: ProductionWorkloadSpec = Field(default_factory=ProductionWorkloadSpec)
+    """How production's workload is measured."""
     num_prompts: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
     """Requests to send per load run (then the run ends when they are answered) instead of running for
     trial.measureSeconds after the warm-up."""
+    trace_config_map_ref: ConfigMapKeyRef | None = None
+    """A JSONL trace (offset_seconds, prompt_tokens, output_tokens per line) every load run replays as is, its
+    arrivals and lengths instead of generated ones; the load Job mounts the ConfigMap, the operator never reads it."""
 
     @model_validator(mode="after")
     def _one_loop_one_length(self) -> LoadSpec:
@@ -384,6 +412,14 @@ class LoadSpec(_Spec):
         if self.concurrency is not None and self.requests_per_minute is not None:
             errors.append(("requestsPerMinute", self.requests_per_minute,
                            f"set concurrency or requestsPerMinute, not both (concurrency is {self.concurrency})"))
+        if self.trace_config_map_ref is not None:
+            if self.concurrency is not None or self.requests_per_minute is not None:
+                errors.append(("traceConfigMapRef", None, "a trace brings its own arrivals: unset concurrency and "
+                                                          "requestsPerMinute"))
+            if self.from_production:
+                errors.append(("traceConfigMapRef", None, "set traceConfigMapRef or fromProduction, not both"))
+            if self.generator is Generator.VLLM_BENCH:
+                errors.append(("traceConfigMapRef", None, "only the Builtin generator replays a trace"))
         _cross_field(errors)
         return self
 
@@ -437,6 +473,14 @@ class MetricNames(_Spec):
     """Gauge of KV-cache usage, 0..1 (default vllm:kv_cache_usage_perc, older vLLM: vllm:gpu_cache_usage_perc)."""
     cache_config_info: MetricName | None = None
     """Info metric with the KV-cache configuration (default vllm:cache_config_info)."""
+    request_prompt_tokens: MetricName | None = None
+    """Histogram of prompt tokens per request (default vllm:request_prompt_tokens)."""
+    request_generation_tokens: MetricName | None = None
+    """Histogram of generated tokens per request (default vllm:request_generation_tokens)."""
+    prefix_cache_queries: MetricName | None = None
+    """Counter of prompt tokens looked up in the prefix cache (default vllm:prefix_cache_queries_total)."""
+    prefix_cache_hits: MetricName | None = None
+    """Counter of prompt tokens found in the prefix cache (default vllm:prefix_cache_hits_total)."""
     gpu_util: MetricName | None = None
     """GPU utilization in percent (default DCGM_FI_DEV_GPU_UTIL)."""
     sm_active: MetricName | None = None
@@ -522,6 +566,47 @@ class ApplySpec(_Spec):
         return self
 
 
+class DriftSpec(_Spec):
+    """How far production's traffic may move from what the last decision was made for before a new round."""
+
+    length_shift_percent: Annotated[Int, Field(ge=1, le=100)] | None = None
+    """A new round when the prompt- or output-length distribution moved this far from the decision's profile:
+    the largest gap between the two cumulative shares (Kolmogorov-Smirnov distance), in percent."""
+    peak_rate_change_percent: Annotated[Int, Field(ge=1, le=10_000)] | None = None
+    """A new round when production's peak request rate changed by this much, up or down, in percent."""
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> DriftSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.length_shift_percent is None and self.peak_rate_change_percent is None:
+            errors.append(("", None, "set lengthShiftPercent, peakRateChangePercent or both"))
+        _cross_field(errors)
+        return self
+
+
+class RetuneSpec(_Spec):
+    """Continuous tuning: after a decision, keep watching production and tune again when it changes."""
+
+    interval_seconds: Annotated[Int, Field(ge=600, le=31_536_000)] | None = None
+    """A new round this long after the last one ended (a schedule), whatever the traffic."""
+    drift: DriftSpec | None = None
+    """A new round when production's workload drifts from the profile the last decision was made for
+    (needs load.fromProduction)."""
+    check_interval_seconds: Annotated[Int, Field(ge=60, le=86_400)] = 300
+    """How often production's workload is measured while watching (one profile's Prometheus queries)."""
+    min_improvement_percent: Annotated[Int, Field(ge=0, le=1000)] = 5
+    """A later round changes production (Auto) or recommends a setting only when it beats production's current
+    setting, measured in the same round as its trial 0, by this much on the objective."""
+
+    @model_validator(mode="after")
+    def _some_trigger(self) -> RetuneSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.interval_seconds is None and self.drift is None:
+            errors.append(("", None, "set intervalSeconds, drift or both"))
+        _cross_field(errors)
+        return self
+
+
 class BatchTuningSpec(_Spec):
     """The desired tuning of one vLLM Deployment."""
 
@@ -543,6 +628,17 @@ class BatchTuningSpec(_Spec):
     """Where metrics are read."""
     apply: ApplySpec = Field(default_factory=ApplySpec)
     """What happens to production."""
+    retune: RetuneSpec | None = None
+    """Continuous tuning after the first decision; unset: the tuning ends at its decision."""
+
+    @model_validator(mode="after")
+    def _drift_needs_a_profile(self) -> BatchTuningSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.retune is not None and self.retune.drift is not None and not self.load.from_production:
+            errors.append(("retune.drift", None, "drift is measured against production's profile: set "
+                                                 "load.fromProduction"))
+        _cross_field(errors)
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,6 +789,9 @@ class TrialRecord(_Status):
     """When the trial pod became ready."""
     steps: list[LoadStepRecord] = Field(default_factory=list)
     """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
+    current: bool | None = None
+    """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
+    from it, the engine's defaults filled in)."""
 
     @property
     def finished(self) -> bool:
@@ -771,17 +870,111 @@ class PlanRecord(_Status):
     """When planning finished and trials could start."""
 
 
-class WorkloadRecord(_Status):
-    """The workload derived from production's metrics (spec.load.fromProduction)."""
+class LengthBucket(_Status):
+    """One bucket of a length histogram."""
 
+    le: Annotated[float, Field(gt=0)] | None = None
+    """Upper bound in tokens; unset: +Inf (above every finite bound)."""
+    count: Annotated[float, Field(ge=0)] = 0
+    """Requests whose length fell in this bucket (above the previous bound, at most this one) over the lookback."""
+
+
+class LengthDistributionRecord(_Status):
+    """A token-length distribution (from the engine's histogram)."""
+
+    mean: float | None = None
+    """Mean tokens per request."""
+    p50: float | None = None
+    """Median, interpolated inside its bucket."""
+    p90: float | None = None
+    """90th percentile."""
+    p99: float | None = None
+    """99th percentile."""
+    buckets: Annotated[list[LengthBucket], Field(max_length=64)] = Field(default_factory=list)
+    """The histogram the load generator samples from."""
+
+    @classmethod
+    def of(cls, dist: CoreLengthDistribution) -> LengthDistributionRecord:
+        def q(value: float | None) -> float | None:
+            return None if value is None else round(value, 1)
+        return cls(mean=q(dist.mean if dist.mean is not None else dist.bucket_mean()), p50=q(dist.quantile(0.5)),
+                   p90=q(dist.quantile(0.9)), p99=q(dist.quantile(0.99)),
+                   buckets=[LengthBucket(le=None if math.isinf(b) else b, count=round(c, 3))
+                            for b, c in dist.buckets[:64]])
+
+    def core(self) -> CoreLengthDistribution:
+        buckets = sorted((b.le if b.le is not None else math.inf, b.count) for b in self.buckets)
+        return CoreLengthDistribution(tuple(buckets), self.mean)
+
+
+class WorkloadRecord(_Status):
+    """The workload the trials drive, and every recommendation names: production's measured profile or the spec's."""
+
+    source: str | None = None
+    """production (measured), spec (spec.load's fixed lengths) or trace (spec.load.trace)."""
+    summary: Annotated[str, Field(max_length=1000)] | None = None
+    """The workload in one line."""
+    measured_at: datetime | None = None
+    """When production's profile was measured (the end of its lookback)."""
+    lookback_seconds: Annotated[int, Field(ge=1)] | None = None
+    """How far back production was measured."""
+    requests: Annotated[int, Field(ge=0)] | None = None
+    """Requests production served over the lookback."""
+    replicas: Annotated[int, Field(ge=1)] | None = None
+    """Production's pods when measured: the rates below are theirs together, and a trial (one pod) faces its share."""
     input_tokens: Annotated[int, Field(ge=1)] | None = None
     """Mean prompt tokens per request."""
     output_tokens: Annotated[int, Field(ge=1)] | None = None
     """Mean generated tokens per request."""
     requests_per_minute: Annotated[int, Field(ge=1)] | None = None
-    """Production's request rate over the lookback."""
-    source: str | None = None
-    """Where the numbers came from."""
+    """Production's mean request rate over the lookback, per minute."""
+    requests_per_second: Annotated[float, Field(ge=0)] | None = None
+    """Production's mean request rate over the lookback."""
+    peak_requests_per_second: Annotated[float, Field(ge=0)] | None = None
+    """Production's highest rate over one rate window in the lookback."""
+    burstiness: Annotated[float, Field(gt=0)] | None = None
+    """Gamma shape of inter-arrival times (1: Poisson, below 1: burstier), as `vllm bench serve --burstiness`;
+    unset: not measured (the load is Poisson)."""
+    rate_window_seconds: Annotated[int, Field(ge=1)] | None = None
+    """Width of the windows the rate, peak and burstiness are counted over."""
+    prefix_cache_hit_percent: Annotated[float, Field(ge=0, le=100)] | None = None
+    """Share of prompt tokens served from the prefix cache, where the engine exposes it."""
+    prompt_lengths: LengthDistributionRecord | None = None
+    """Prompt tokens per request."""
+    output_lengths: LengthDistributionRecord | None = None
+    """Generated tokens per request."""
+    notes: Annotated[list[str], Field(max_length=10)] = Field(default_factory=list)
+    """What the profile could not measure and what was assumed instead."""
+
+    @classmethod
+    def of(cls, profile: CoreWorkloadProfile, measured_at: datetime) -> WorkloadRecord:
+        arrivals = profile.arrivals
+        mean_rate = arrivals.mean_per_second if arrivals else None
+        return cls(
+            source="production", summary=profile.summary()[:1000], measured_at=measured_at,
+            lookback_seconds=profile.lookback_seconds, requests=profile.requests, replicas=profile.replicas,
+            input_tokens=max(1, round(profile.prompt_mean)), output_tokens=max(1, round(profile.output_mean)),
+            requests_per_minute=max(1, round(mean_rate * 60)) if mean_rate else None,
+            requests_per_second=round(mean_rate, 4) if mean_rate is not None else None,
+            peak_requests_per_second=round(arrivals.peak_per_second, 4) if arrivals else None,
+            burstiness=arrivals.burstiness if arrivals else None,
+            rate_window_seconds=arrivals.window_seconds if arrivals else None,
+            prefix_cache_hit_percent=profile.prefix_cache_hit_percent,
+            prompt_lengths=LengthDistributionRecord.of(profile.prompt),
+            output_lengths=LengthDistributionRecord.of(profile.output),
+            notes=[n[:300] for n in profile.notes[:10]])
+
+    def profile(self) -> CoreWorkloadProfile | None:
+        """The core profile back (for drift and the load generator); None unless measured from production."""
+        if self.source != "production" or self.prompt_lengths is None or self.output_lengths is None:
+            return None
+        arrivals = None
+        if self.requests_per_second is not None and self.peak_requests_per_second is not None:
+            arrivals = CoreArrivalProfile(self.requests_per_second, self.peak_requests_per_second, self.burstiness,
+                                          self.rate_window_seconds or 60, 0)
+        return CoreWorkloadProfile(self.lookback_seconds or 0, self.requests or 0, self.prompt_lengths.core(),
+                                   self.output_lengths.core(), arrivals, self.prefix_cache_hit_percent,
+                                   tuple(self.notes), self.replicas or 1)
 
 
 class ContainerArgs(_Status):
@@ -808,8 +1001,12 @@ class Recommendation(_Status):
     """Kustomize strategic-merge patch."""
     helm_values: str | None = None
     """Helm values snippet, where the chart's layout is known."""
+    workload: Annotated[str, Field(max_length=1000)] | None = None
+    """The workload this recommendation holds for (status.workload's summary): a setting is best only for one."""
     replicas_hint: Annotated[int, Field(ge=1)] | None = None
     """Replicas that serve production's observed peak request rate at this setting's SLO capacity."""
+    replicas_basis: Annotated[str, Field(max_length=500)] | None = None
+    """How the replicas hint was reached (peak over capacity, headroom counted once), or why there is none."""
     container_name: str | None = None
     """The engine container the setting applies to."""
     container: ContainerArgs | None = None
@@ -839,6 +1036,54 @@ class AppliedRecord(_Status):
     """When the verify window passed without regression (or was kept by policy)."""
     rolled_back_at: datetime | None = None
     """When the change was rolled back."""
+
+
+class RoundRecord(_Status):
+    """One round of tuning: why it started, what production ran, what won, how it ended."""
+
+    round: Annotated[int, Field(ge=1)]
+    """1 for the first tuning, then one more for each retune."""
+    trigger: str
+    """Initial, Schedule (spec.retune.intervalSeconds) or Drift (spec.retune.drift)."""
+    reason: Annotated[str, Field(max_length=1000)] | None = None
+    """Why the round started, in words."""
+    started_at: datetime | None = None
+    """When the round started."""
+    ended_at: datetime | None = None
+    """When the round reached its decision (and production is watched again)."""
+    workload: Annotated[str, Field(max_length=1000)] | None = None
+    """The workload the round measured against."""
+    current_trial: str | None = None
+    """The trial that measured production's own setting (trial 0 of a retune)."""
+    current_setting: str | None = None
+    """Production's setting when the round started."""
+    current_objective: float | None = None
+    """Its objective; unset: it did not meet the SLO (or was not measured)."""
+    best_trial: str | None = None
+    """The best other setting's trial."""
+    best_setting: str | None = None
+    """The best other setting."""
+    best_objective: float | None = None
+    """Its objective."""
+    improvement_percent: float | None = None
+    """How much the best setting beat production's (unset: production's missed the SLO, or no best)."""
+    outcome: ReasonCode | None = None
+    """How the round ended: the decision's reason (Verified, RecommendationReady, KeptCurrent, AlreadyOptimal, ...)."""
+    message: Annotated[str, Field(max_length=2000)] | None = None
+    """The decision in words."""
+
+
+class RetuneRecord(_Status):
+    """The watch between rounds."""
+
+    last_check_at: datetime | None = None
+    """When production's workload was last measured against the round's profile."""
+    next_check_at: datetime | None = None
+    """When it is measured next (or the schedule is looked at)."""
+    drift: Metrics | None = None
+    """The last check's drift: promptShiftPercent, outputShiftPercent (KS distance), peakChangePercent."""
+    message: Annotated[str, Field(max_length=1000)] | None = None
+    """The last check in words (a drift below its thresholds, too little data, ...)."""
 
 
 class BatchTuningStatus(_Status):
@@ -875,9 +1120,15 @@ class BatchTuningStatus(_Status):
     plan: PlanRecord | None = None
     """What planning found (re-planning from spec and this is deterministic)."""
     workload: WorkloadRecord | None = None
-    """The workload derived from production's metrics (spec.load.fromProduction)."""
+    """The workload the trials drive and the recommendation holds for."""
     applied: AppliedRecord | None = None
     """What was changed in production."""
+    round: Annotated[int, Field(ge=1)] | None = None
+    """The round in progress or last decided (spec.retune); unset: 1."""
+    rounds: Annotated[list[RoundRecord], Field(max_length=10)] = Field(default_factory=list)
+    """The last rounds, oldest first (spec.retune)."""
+    retune: RetuneRecord | None = None
+    """The watch for the next round (spec.retune)."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""

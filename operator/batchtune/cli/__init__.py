@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "batchtune.cli.status",
     "batchtune.cli.report",
     "batchtune.cli.recommend",
+    "batchtune.cli.workload",
     "batchtune.cli.bench",
 ]
 

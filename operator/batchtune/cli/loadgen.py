@@ -44,6 +44,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--input-len", type=int, default=1024, help="prompt tokens (default %(default)s)")
     parser.add_argument("--output-len", type=int, default=128, help="max_tokens (default %(default)s)")
     parser.add_argument("--range-ratio", type=float, default=0.0, help="uniform length spread (default 0: fixed)")
+    parser.add_argument("--prompt-buckets", default=None, metavar="LE:COUNT,...",
+                        help="sample prompt lengths from this histogram (per-bucket counts, +Inf as inf)")
+    parser.add_argument("--output-buckets", default=None, metavar="LE:COUNT,...",
+                        help="sample output lengths (max_tokens) from this histogram")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the engine's context length: a prompt plus its output is cut to fit")
+    parser.add_argument("--trace", default=None, metavar="FILE",
+                        help="replay this JSONL trace as is (offset_seconds, prompt_tokens, output_tokens per line)")
+    parser.add_argument("--trace-speed-percent", type=float, default=100.0,
+                        help="replay speed of --trace in percent (200: twice as fast; default 100)")
+    parser.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                        help="count requests meeting every target (ttft, tpot, e2el in ms) as request_goodput, "
+                             "as vllm bench serve --goodput")
     parser.add_argument("--concurrency", type=int, default=None, help="closed-loop streams / in-flight cap")
     parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson req/s (default inf)")
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals (1 = Poisson)")
@@ -68,13 +81,33 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(func=run)
 
 
+def parse_goodput(item: str) -> tuple[str, float]:
+    """`ttft:500` -> ("ttft", 500.0); ValueError names the item."""
+    key, sep, value = item.partition(":")
+    try:
+        if not sep or key not in ("ttft", "tpot", "e2el"):
+            raise ValueError
+        return key, float(value)
+    except ValueError:
+        raise ValueError(f"--goodput {item!r}: expected ttft:MS, tpot:MS or e2el:MS") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    from batchtune.core.workload import parse_bucket_text
     from batchtune.loadgen import LoadSpec
+    from batchtune.loadgen.workload import read_trace
 
     if args.summarize_result:
         return summarize(args.summarize_result, args.termination_message_path)
 
     try:
+        prompts = parse_bucket_text(args.prompt_buckets) if args.prompt_buckets else None
+        outputs = parse_bucket_text(args.output_buckets) if args.output_buckets else None
+        for flag, dist in (("--prompt-buckets", prompts), ("--output-buckets", outputs)):
+            if dist is not None and dist.total <= 0:
+                raise ValueError(f"{flag}: the histogram holds no request")
+        trace = tuple(read_trace(args.trace)) if args.trace else ()
+        goodput = tuple(parse_goodput(item) for item in args.goodput or ())
         spec = LoadSpec(
             base_url=args.base_url,
             endpoint=args.endpoint,
@@ -95,8 +128,14 @@ def run(args: argparse.Namespace) -> int:
             time_scale=args.time_scale if args.time_scale is not None else env_time_scale(),
             allow_non_loopback=args.allow_non_loopback,
             ready_timeout_s=args.ready_timeout,
+            prompt_lengths=prompts,
+            output_lengths=outputs,
+            max_model_len=args.max_model_len,
+            trace=trace,
+            trace_speed_percent=args.trace_speed_percent,
+            goodput_ms=goodput,
         )
-    except (ValueError, argparse.ArgumentTypeError) as exc:
+    except (ValueError, OSError, argparse.ArgumentTypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return execute(spec, result_file=args.result_file, termination_path=args.termination_message_path, quiet=args.quiet)

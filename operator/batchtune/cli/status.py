@@ -201,6 +201,7 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     knee = (status.get("knee") or {}).get("maxNumSeqs")
     with_mbt = any((t.get("setting") or {}).get("maxNumBatchedTokens") for t in trials)
     with_capacity = any((t.get("metrics") or {}).get("sloCapacity") is not None for t in trials)
+    with_goodput = any((t.get("metrics") or {}).get("goodput") is not None for t in trials)
 
     table = Table(title="Trials", title_justify="left", header_style="bold", expand=False, pad_edge=False)
     table.add_column("#", justify="right")
@@ -221,6 +222,8 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     table.add_column("KV %", justify="right")
     if with_capacity:
         table.add_column("capacity", justify="right")
+    if with_goodput:
+        table.add_column("goodput", justify="right")
 
     for trial in trials:
         setting = trial.get("setting") or {}
@@ -230,6 +233,8 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
             marks.append("★ best")
         if knee and setting.get("maxNumSeqs") == knee:
             marks.append("◆ knee")
+        if trial.get("current"):
+            marks.append("● production")
         state = str(trial.get("state") or "Pending")
         verdict = str(trial.get("verdict") or "")
         cells: list[Any] = [trial.get("index", ""), " ".join(marks), setting.get("maxNumSeqs", "-"),
@@ -243,6 +248,8 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
                    fmt(metrics.get("gpuUtilPercent")), fmt(metrics.get("kvCacheUsagePercent"))]
         if with_capacity:
             figures.append(fmt(metrics.get("sloCapacity"), 1))
+        if with_goodput:
+            figures.append(fmt(metrics.get("goodput"), 2))
         row += [text(figure) for figure in figures]
         table.add_row(*row, style="bold" if best and trial.get("name") == best else None)
     if not trials:
@@ -356,12 +363,20 @@ def decision(bt: Mapping[str, Any]) -> Any:
             made.append(f"  (trial {safe(status['bestTrial'])})")
         made.append("\n  why: ", style="bold")
         made.append(safe(rec.get("reason", ""), multiline=True))
+        if rec.get("workload"):
+            made.append("\n  for: ", style="bold")
+            made.append(safe(rec["workload"]))
         if isinstance(rec.get("args"), list) and rec["args"]:
             made.append("\n  args: ", style="bold")
             made.append(" ".join(safe(a) for a in rec["args"]))
         if rec.get("replicasHint"):
             made.append("\n  replicas: ", style="bold")
-            made.append(f"{safe(rec['replicasHint'])} would serve production's current load at this setting")
+            made.append(f"{safe(rec['replicasHint'])} would serve production's observed peak at this setting")
+            if rec.get("replicasBasis"):
+                made.append(f" ({safe(rec['replicasBasis'])})")
+        elif rec.get("replicasBasis"):
+            made.append("\n  replicas: ", style="bold")
+            made.append(safe(rec["replicasBasis"]))
     elif phase == "Failed":
         failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
         made.append("No decision: ", style="bold red")
@@ -383,12 +398,88 @@ def decision(bt: Mapping[str, Any]) -> Any:
     return made
 
 
+def workload_block(bt: Mapping[str, Any], now: datetime) -> Any:
+    """The workload the trials drive: production's measured profile (rate, burstiness, lengths) or the spec's."""
+    from rich.text import Text
+
+    bt = clean(bt)
+    workload = (bt.get("status") or {}).get("workload") or {}
+    out = Text()
+    if not workload:
+        return out
+    out.append("Workload: ", style="bold")
+    if workload.get("source") != "production":
+        out.append(safe(workload.get("summary") or "spec.load's fixed lengths"))
+        return out
+    out.append(safe(f"production over {fmt(workload.get('lookbackSeconds'))}s, {fmt(workload.get('requests'))} "
+                    f"requests, measured {age(workload.get('measuredAt'), now)} ago"))
+    burst = workload.get("burstiness")
+    out.append("\n  arrivals: ", style="bold")
+    out.append(f"{fmt(workload.get('requestsPerSecond'), 2)} req/s mean, {fmt(workload.get('peakRequestsPerSecond'), 2)} "
+               f"peak ({fmt(workload.get('rateWindowSeconds'))}s windows), burstiness "
+               + (fmt(burst, 2) + (" (Poisson)" if burst == 1 else " (burstier than Poisson)" if
+                                   isinstance(burst, (int, float)) and burst < 1 else "")
+                  if burst is not None else "not measured (Poisson assumed)"))
+    for key, name in (("promptLengths", "prompt"), ("outputLengths", "output")):
+        dist = workload.get(key) or {}
+        out.append(f"\n  {name} tokens: ", style="bold")
+        out.append("mean " + "  ".join([fmt(dist.get("mean"))] + [f"{q} {fmt(dist.get(q))}" for q in ("p50", "p90", "p99")]))
+    if workload.get("prefixCacheHitPercent") is not None:
+        out.append("\n  prefix cache: ", style="bold")
+        out.append(f"{fmt(workload['prefixCacheHitPercent'])}% of prompt tokens hit")
+    for note in workload.get("notes") or []:
+        out.append("\n  note: ", style="bold yellow")
+        out.append(safe(note))
+    return out
+
+
+def rounds_block(bt: Mapping[str, Any], now: datetime) -> Any:
+    """Continuous tuning: the last rounds (why each started, production's setting against the best) and the watch."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    bt = clean(bt)
+    status = bt.get("status") or {}
+    rounds = [r for r in status.get("rounds") or [] if isinstance(r, dict)]
+    if not rounds:
+        return Group()
+    table = Table(title="Rounds (spec.retune)", title_justify="left", header_style="bold", pad_edge=False)
+    for column in ("#", "trigger", "started", "production's setting", "best other", "gain %", "outcome"):
+        table.add_column(column, justify="right" if column in ("#", "gain %") else "left")
+    for r in rounds:
+        current = f"{safe(r.get('currentSetting') or '-')} ({fmt(r.get('currentObjective'), 2)})" \
+            if r.get("currentTrial") else "-"
+        best = f"{safe(r.get('bestSetting') or '-')} ({fmt(r.get('bestObjective'), 2)})" \
+            if r.get("bestObjective") is not None else safe(r.get("bestSetting") or "-")
+        outcome = safe(r.get("outcome") or ("running" if not r.get("endedAt") else "-"))
+        table.add_row(text(r.get("round", "")), text(r.get("trigger", "")), text(age(r.get("startedAt"), now)),
+                      text(current), text(best), text(fmt(r.get("improvementPercent"), 1)), text(outcome))
+    parts: list[Any] = [table]
+    for r in rounds[-1:]:
+        if r.get("reason"):
+            parts.append(text(f"  round {safe(r.get('round'))} started: {safe(r['reason'])}", "dim"))
+    watch = status.get("retune") or {}
+    if rounds[-1].get("endedAt") and watch:
+        line = Text("  watching: ", style="bold")
+        if watch.get("nextCheckAt"):
+            line.append(f"next check at {safe(watch['nextCheckAt'])}")
+        if watch.get("message"):
+            line.append(f"; last check {age(watch.get('lastCheckAt'), now)} ago: {safe(watch['message'])}")
+        parts.append(line)
+    return Group(*parts)
+
+
 def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     from rich.console import Group
     from rich.text import Text
 
     bt = clean(bt)
-    parts: list[Any] = [header(bt, now), Text(""), trials_table(bt)]
+    parts: list[Any] = [header(bt, now)]
+    workload = workload_block(bt, now)
+    if workload.plain:
+        parts += [Text(""), workload]
+    parts += [Text(""), trials_table(bt)]
     notes = trial_notes(bt)
     if notes.plain:
         parts.append(notes)
@@ -397,4 +488,6 @@ def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
     made = decision(bt)
     if made.plain:
         parts += [Text(""), made]
+    if (bt.get("status") or {}).get("rounds"):
+        parts += [Text(""), rounds_block(bt, now)]
     return Group(*parts)

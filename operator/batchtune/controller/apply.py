@@ -58,7 +58,7 @@ def apply(tick: Tick) -> None:
         return
     uid, generation = tick.tuning.uid, tick.tuning.generation
     mark = AppliedMark.read(target.deployment)
-    if mark is not None and mark.by(uid, generation):
+    if mark is not None and mark.by(uid, generation, tick.status.round or 1):
         resume_from_mark(tick, target, mark)  # patched before a crash took the status write
         return
     if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
@@ -94,7 +94,8 @@ def apply(tick: Tick) -> None:
         tick.status.applied = AppliedRecord(generation=generation, target=target.name, previous=_record(current),
                                             new=_record(desired), before={k: v for k, v in before.items() if v is not None})
         return
-    mark = AppliedMark(tick.tuning.name, uid, generation, str(target.container["name"]), current, desired, tick.now)
+    mark = AppliedMark(tick.tuning.name, uid, generation, str(target.container["name"]), current, desired, tick.now,
+                       round=tick.status.round or 1)
     annotations = {ANNOTATION_APPLIED: mark.to_annotation(), ANNOTATION_APPLIED_AT: iso(tick.now)}
     try:
         tick.ports.cluster.patch_deployment(tick.tuning.namespace, target.name,
@@ -138,7 +139,7 @@ def verify(tick: Tick) -> None:
     if target is None or applied is None or applied.applied_at is None:
         return
     mark = AppliedMark.read(target.deployment)
-    if mark is None or not mark.by(tick.tuning.uid, tick.tuning.generation):
+    if mark is None or not mark.by(tick.tuning.uid, tick.tuning.generation, tick.status.round or 1):
         changed_by_others(tick, target.name, "its batchtune.io/applied record no longer names this BatchTuning")
         return
     if mark.state is not MarkState.APPLIED:

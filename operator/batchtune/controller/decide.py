@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from batchtune.api import ContainerArgs, Knee, Recommendation, Setting
-from batchtune.controller import telemetry
+from batchtune.api import ContainerArgs, Knee, Recommendation, Setting, TrialRecord
+from batchtune.controller import retune, telemetry
 from batchtune.controller.prometheus import PrometheusUnavailable
-from batchtune.controller.tick import Tick
-from batchtune.controller.trials import outcome_of
+from batchtune.controller.tick import Target, Tick
+from batchtune.controller.trials import current_is_candidate, outcome_of
 from batchtune.core.gitops import gitops_manager
 from batchtune.core.objective import Objective
-from batchtune.core.recommend import recommend, replicas_needed
-from batchtune.core.selection import CompletedTrial, select_best
-from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
+from batchtune.core.recommend import ContainerArgs as ProductionArgs
+from batchtune.core.recommend import kustomize_patch, production_args, recommend, replica_hint
+from batchtune.core.retune import RoundVerdict, judge_round
+from batchtune.core.selection import OBJECTIVE_WORDS, CompletedTrial, Selection, select_best
+from batchtune.core.slo import evaluate_slo
+from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState, Verdict
 
 PEAK_LOOKBACK_SECONDS = 3600
 
@@ -24,6 +27,16 @@ def submit_report(tick: Tick) -> None:
         tick.log.warning("Report for %s not queued: %s", tick.tuning.name, exc)
 
 
+def production_peak(tick: Tick, target: Target) -> tuple[float | None, str]:
+    """Production's observed peak request rate (all replicas together) and where it came from."""
+    workload = tick.status.workload
+    if workload is not None and workload.source == "production" and workload.peak_requests_per_second:
+        return workload.peak_requests_per_second, (f"the busiest {workload.rate_window_seconds or 60}s window of "
+                                                   f"the profile's {workload.lookback_seconds}s")
+    peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+    return peak, f"the highest 1-minute rate over the last {PEAK_LOOKBACK_SECONDS}s"
+
+
 def select(tick: Tick) -> None:
     assert tick.spec is not None
     target = tick.target()
@@ -31,7 +44,11 @@ def select(tick: Tick) -> None:
         return
     objective = Objective(tick.spec.objective.type)
     trials = tick.status.trials
-    completed = [CompletedTrial(t.name, t.setting.core(), outcome_of(t, objective)) for t in trials if t.state.finished]
+    # A retune round's trial 0 ran production's own command line: it is compared with the winner, not a candidate.
+    current = next((t for t in trials if t.current), None)
+    as_candidate = current is not None and current_is_candidate(tick, target)
+    completed = [CompletedTrial(t.name, t.setting.core(), outcome_of(t, objective)) for t in trials
+                 if t.state.finished and (as_candidate or not t.current)]
     chosen = select_best(completed, objective, tick.slo())
     for trial in trials:
         verdict = chosen.verdicts.get(trial.name)
@@ -42,6 +59,12 @@ def select(tick: Tick) -> None:
     if started:
         telemetry.TUNING_DURATION.observe((tick.now - started).total_seconds())
     best = next((t for t in trials if t.name == chosen.best_trial), None)
+    judged = None
+    if current is not None:
+        judged = judge_current(tick, target, objective, chosen, completed, current)
+        if not judged.change:
+            keep(tick, target, objective, current, judged, chosen.best is None)
+            return
     if best is None or chosen.best is None:
         reason = chosen.reason
         if not any(t.state is TrialState.DONE for t in trials):
@@ -52,20 +75,22 @@ def select(tick: Tick) -> None:
         tick.fail(Reason.NO_FEASIBLE_SETTING, reason)
         return
     try:
-        peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+        peak, peak_source = production_peak(tick, target)
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         return
-    metrics = best.metrics or {}
-    capacity = metrics.get(M.SLO_CAPACITY)
-    if capacity is None and best.verdict is Verdict.MET:
-        capacity = metrics.get(M.REQUEST_THROUGHPUT)  # a load it held within the SLO: a lower bound
+    repeats = [t for t in trials if t.state is TrialState.DONE and t.setting.core() == chosen.best
+               and (as_candidate or not t.current)]
+    hint = replica_hint(objective, [(t.metrics or {}).get(M.SLO_CAPACITY) for t in repeats], peak, peak_source,
+                        tick.spec.slo.headroom_percent)
     extra = tuple(tick.spec.search_space.extra_args or ())
     rec = recommend(target.engine, target.deployment, target.container, chosen.best, extra)
+    reason = chosen.reason if judged is None else f"{chosen.reason}; {judged.message}"
     tick.status.recommendation = Recommendation(
-        setting=Setting.of(chosen.best), args=rec.container.flat(), reason=chosen.reason[:2000],
+        setting=Setting.of(chosen.best), args=rec.container.flat(), reason=reason[:2000],
+        workload=tick.status.workload.summary if tick.status.workload else None,
         json_patch=rec.json_patch, kustomize_patch=rec.kustomize_patch, helm_values=rec.helm_values,
-        replicas_hint=replicas_needed(capacity, peak), container_name=rec.container_name,
+        replicas_hint=hint.replicas, replicas_basis=hint.basis[:500], container_name=rec.container_name,
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
     tick.status.best_setting = chosen.best.label()
@@ -74,8 +99,66 @@ def select(tick: Tick) -> None:
     if tick.apply_mode(target) == "Recommend":
         why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
                if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
-        message = f"Recommended {chosen.best.label()} ({why}): {chosen.reason}"
+        message = f"Recommended {chosen.best.label()} ({why}): {reason}" + _for(tick)
         tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
         tick.event(False, Reason.RECOMMENDATION_READY, message)
         return
-    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {chosen.reason}")
+    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {reason}" + _for(tick))
+
+
+def judge_current(tick: Tick, target: Target, objective: Objective, chosen: Selection,
+                  completed: list[CompletedTrial], current: TrialRecord) -> RoundVerdict:
+    """A retune round: does its winner beat production's own setting, measured beside it, by the margin?"""
+    assert tick.spec is not None and tick.spec.retune is not None
+    outcome = outcome_of(current, objective)
+    current_value = None
+    if outcome.state is TrialState.DONE and outcome.verdict is Verdict.MET and \
+            evaluate_slo(outcome.metrics, tick.slo()).verdict is Verdict.MET:
+        current_value = outcome.objective
+    best_value, same = None, False
+    if chosen.best is not None:
+        values = [c.outcome.objective for c in completed if c.setting == chosen.best and c.outcome.objective is not None]
+        best_value = sum(values) / len(values) if values else None
+        desired = production_args(target.engine, target.container, chosen.best,
+                                  tuple(tick.spec.search_space.extra_args or ()))
+        same = desired == ProductionArgs.of(target.container)
+    judged = judge_round(OBJECTIVE_WORDS[objective], chosen.best.label() if chosen.best else None, best_value,
+                         current.setting.core().label(), current_value, same, tick.spec.retune.min_improvement_percent)
+    retune.record_round(tick, current, current_value, chosen.best_trial, chosen.best.label() if chosen.best else None,
+                        best_value, judged)
+    return judged
+
+
+def keep(tick: Tick, target: Target, objective: Objective, current: TrialRecord, judged: RoundVerdict,
+         none_feasible: bool) -> None:
+    """Production keeps its setting: the recommendation is production as it runs, no patch to apply."""
+    assert tick.spec is not None and judged.reason is not None
+    try:
+        peak, peak_source = production_peak(tick, target)
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        return
+    hint = replica_hint(objective, [(current.metrics or {}).get(M.SLO_CAPACITY)] if current.verdict is Verdict.MET
+                        else [None], peak, peak_source, tick.spec.slo.headroom_percent)
+    runs = ProductionArgs.of(target.container)
+    tick.status.recommendation = Recommendation(
+        setting=current.setting, args=runs.flat(), reason=judged.message[:2000],
+        workload=tick.status.workload.summary if tick.status.workload else None, json_patch="[]",
+        kustomize_patch=kustomize_patch(target.deployment, str(target.container["name"]), target.container),
+        replicas_hint=hint.replicas, replicas_basis=hint.basis[:500], container_name=str(target.container["name"]),
+        container=ContainerArgs.model_validate(runs.to_wire()))
+    tick.status.best_trial = current.name
+    tick.status.best_setting = current.setting.summary()
+    submit_report(tick)
+    phase = Phase.RECOMMENDED if tick.apply_mode(target) == "Recommend" else Phase.SUCCEEDED
+    message = f"Kept production's setting ({current.setting.summary()}): {judged.message}" + _for(tick)
+    tick.set_phase(phase, judged.reason, message)
+    if none_feasible:
+        tick.condition(ConditionType.DEGRADED, True, Reason.NO_FEASIBLE_SETTING, message)
+        tick.event(True, Reason.NO_FEASIBLE_SETTING, message)
+
+
+def _for(tick: Tick) -> str:
+    """`; for <workload>`: the workload a decision holds for."""
+    workload = tick.status.workload
+    return f"; for {workload.summary}" if workload is not None and workload.summary else ""

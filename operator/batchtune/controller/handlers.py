@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from batchtune import API_GROUP, API_VERSION, PLURAL
-from batchtune.controller import kube, telemetry
+from batchtune.controller import kube, retune, telemetry
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Install, Ports
 from batchtune.controller.prometheus import PrometheusReader
@@ -182,12 +182,14 @@ def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
         status.get("observedGeneration") == body["metadata"].get("generation")
     the_ports = ports(kwargs)
-    if terminal and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).deployments \
+    now = datetime.now(UTC)
+    if terminal and not retune.watch_due(body.get("spec") or {}, status, now) \
+            and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).deployments \
             and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).jobs:
-        return  # nothing left to do or to clean up
+        return  # nothing left to do, to clean up or to watch yet
     started = time.perf_counter()
     try:
-        changes = reconcile(tuning(body), the_ports, datetime.now(UTC), logger)
+        changes = reconcile(tuning(body), the_ports, now, logger)
         for key, value in changes.items():
             patch.status[key] = value
     finally:

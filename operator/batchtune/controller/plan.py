@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from batchtune.api import Baseline, EngineLimitsRecord, PlanRecord, PrunedSetting, Setting, WorkloadRecord
+from batchtune.api import Baseline, EngineLimitsRecord, LoadSpec, PlanRecord, PrunedSetting, Setting, WorkloadRecord
 from batchtune.controller.ports import MetricsReader
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
@@ -13,10 +11,11 @@ from batchtune.core.measurement import window_too_short
 from batchtune.core.planning import SearchSpace, plan_candidates
 from batchtune.core.policy import load_image_problem
 from batchtune.core.production import fingerprint
+from batchtune.core.promql import rate_window_seconds
 from batchtune.core.vocabulary import Phase, Reason
+from batchtune.core.workload import build_profile
 from batchtune.engines import ArgsError
 
-WORKLOAD_LOOKBACK_SECONDS = 3600
 MAX_PRUNED_IN_STATUS = 200
 
 
@@ -63,6 +62,59 @@ def gpu_model(tick: Tick, reader: MetricsReader, target: Target) -> str | None:
         return None  # the prefilter is skipped, with its note; planning does not wait on it
 
 
+def spec_workload(load: LoadSpec) -> WorkloadRecord:
+    """The workload of a tuning that does not measure production: spec.load's trace or fixed lengths."""
+    if load.trace_config_map_ref is not None:
+        ref = load.trace_config_map_ref
+        return WorkloadRecord(source="trace", summary=f"the trace in ConfigMap {ref.name} key {ref.key} "
+                                                      "(spec.load.traceConfigMapRef), replayed as is")
+    if load.concurrency is not None:
+        arrivals = f"closed loop at {load.concurrency} concurrent requests"
+    elif load.requests_per_minute is not None:
+        arrivals = f"Poisson arrivals at {load.requests_per_minute} requests/min"
+    else:
+        arrivals = "closed loop at each trial's load steps"
+    return WorkloadRecord(source="spec", input_tokens=load.input_tokens, output_tokens=load.output_tokens,
+                          requests_per_minute=load.requests_per_minute,
+                          summary=f"spec.load: {load.input_tokens} prompt and {load.output_tokens} output tokens "
+                                  f"per request (fixed), {arrivals}")
+
+
+def production_profile(tick: Tick, target: Target) -> WorkloadRecord | str:
+    """Production's measured workload, or why there is none (`PrometheusUnavailable` propagates)."""
+    assert tick.spec is not None
+    wanted = tick.spec.load.production
+    lookback = wanted.lookback_seconds
+    window = min(rate_window_seconds(tick.ports.install.scrape_interval_seconds), lookback)
+    observation = tick.reader(target.engine).production_workload(tick.production(target), lookback, window)
+    if observation is None:
+        return f"Deployment {tick.tuning.namespace}/{target.name} has no pods to measure"
+    result = build_profile(observation, wanted.min_requests)
+    if result.profile is None:
+        return result.problem or "no profile"
+    return WorkloadRecord.of(result.profile, tick.now)
+
+
+def measure_workload(tick: Tick, target: Target) -> WorkloadRecord | None:
+    """The workload this round holds for; None (after saying why) while production's cannot be measured yet."""
+    assert tick.spec is not None
+    if not tick.spec.load.from_production:
+        return spec_workload(tick.spec.load)
+    try:
+        profile = production_profile(tick, target)
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        return None
+    if isinstance(profile, str):
+        tick.status.phase = Phase.PLANNING
+        tick.waiting(Reason.WAITING_FOR_PRODUCTION_DATA,
+                     f"spec.load.fromProduction: {profile}; waiting for traffic (spec.load.production.lookbackSeconds "
+                     f"{tick.spec.load.production.lookback_seconds}, minRequests "
+                     f"{tick.spec.load.production.min_requests}), or unset fromProduction", warn=True)
+        return None
+    return profile
+
+
 def plan(tick: Tick) -> None:
     from batchtune.twin.prefilter import memory_fit
 
@@ -99,19 +151,9 @@ def plan(tick: Tick) -> None:
         tick.status.phase = Phase.PLANNING
         return
     tick.prometheus_ok()
-    workload: dict[str, Any] | None = None
-    if tick.spec.load.from_production:
-        try:
-            workload = reader.production_workload(tick.production(target), WORKLOAD_LOOKBACK_SECONDS)
-        except PrometheusUnavailable as exc:
-            tick.prometheus_down(exc)
-            return
-        if workload is None:
-            tick.status.phase = Phase.PLANNING
-            tick.waiting(Reason.WAITING_FOR_PRODUCTION_DATA,
-                         f"spec.load.fromProduction: production has no prompt/output length histograms in the last "
-                         f"{WORKLOAD_LOOKBACK_SECONDS}s yet; waiting for traffic (or unset fromProduction)", warn=True)
-            return
+    workload = measure_workload(tick, target)
+    if workload is None:
+        return
     product = gpu_product(tick, target)
     fits, note = memory_fit(engine, baseline, product or gpu_model(tick, reader, target))
     # Extra args come last on every trial's command line: their limits (--max-model-len, ...) win.
@@ -124,7 +166,8 @@ def plan(tick: Tick) -> None:
     if not candidates.candidates:
         tick.fail(Reason.EMPTY_SEARCH_SPACE, "No setting is left to try: " + (candidates.error or ""))
         return
-    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates))
+    # A retune round measures production's own setting first, beside the candidates.
+    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     tick.status.baseline = Baseline(
         engine=engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
         gpu_memory_utilization_percent=baseline.gpu_memory_utilization_percent,
@@ -135,7 +178,7 @@ def plan(tick: Tick) -> None:
         engine_limits=EngineLimitsRecord(max_model_len=limits.max_model_len, chunked_prefill=limits.chunked_prefill,
                                          max_num_batched_tokens=limits.max_num_batched_tokens),
         candidates=len(candidates.candidates), notes=[note, *candidates.notes][:20], started_at=tick.now)
-    tick.status.workload = WorkloadRecord.model_validate(workload) if workload else None
+    tick.status.workload = workload
     tick.status.trials_planned = planned
     tick.status.trials_completed = 0
     per_trial = container_gpus(target.container)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from batchtune.controller.prometheus import Production
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext
+from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import Engine
 
 
@@ -91,7 +92,8 @@ class MetricsReader(Protocol):
 
     def production_window(self, production: Production, start: datetime, end: datetime) -> dict[str, float | None]: ...
 
-    def production_workload(self, production: Production, lookback_s: int) -> dict[str, Any] | None: ...
+    def production_workload(self, production: Production, lookback_s: int, window_s: int) -> WorkloadObservation | None:
+        """Production's length histograms, request counts per window and prefix-cache counters; None: no pods."""
 
     def production_peak_rate(self, production: Production, lookback_s: int) -> float | None: ...
 

@@ -1,4 +1,4 @@
-"""The one place that reads Prometheus: trial runs, production windows, workload, peaks.
+"""The one place that reads Prometheus: trial runs, production windows, workload observations, peaks.
 
 Queries come from `core.promql` with the BatchTuning's configured metric and label names. Missing
 data is None ("unknown"), never zero. A query answers one series, because every query aggregates
@@ -28,6 +28,7 @@ from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext, Selector
 from batchtune.core.verify import ARRIVAL_RATE, SERVED_SHARE
 from batchtune.core.vocabulary import M
+from batchtune.core.workload import WorkloadObservation
 
 log = logging.getLogger(__name__)
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
@@ -177,22 +178,52 @@ class PrometheusReader:
             out[SERVED_SHARE] = 100.0 * finished / arrived if arrived > 0 else None
         return {k: (round(v, 4) if v is not None and math.isfinite(v) else v) for k, v in out.items()}
 
-    def production_workload(self, production: Production, lookback_s: int) -> dict[str, Any] | None:
-        """Mean prompt and output lengths and the request rate production served over the lookback."""
+    def production_workload(self, production: Production, lookback_s: int, window_s: int) -> WorkloadObservation | None:
+        """What production's own series say about its traffic over the lookback; None when it has no pods."""
         if not production.pods:
             return None
         sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
-        names = self.ctx.names
-        w = lookback_s
-        prompt = self.scalar(promql.histogram_mean((names["request_prompt_tokens"],), sel, w))
-        output = self.scalar(promql.histogram_mean((names["request_generation_tokens"],), sel, w))
-        rate = self.scalar(promql.counter_rate(names.candidates("request_success"), sel, w))
-        if prompt is None or output is None:
-            return None
-        out: dict[str, Any] = {"inputTokens": max(1, round(prompt)), "outputTokens": max(1, round(output)),
-                               "source": "production"}
-        if rate:
-            out["requestsPerMinute"] = max(1, round(rate * 60))
+        queries = promql.workload_queries(self.ctx, sel, lookback_s, window_s)
+        return WorkloadObservation(
+            lookback_seconds=lookback_s,
+            prompt_buckets=self.buckets(queries["promptBuckets"]),
+            output_buckets=self.buckets(queries["outputBuckets"]),
+            prompt_mean=self.scalar(queries["promptMean"]),
+            output_mean=self.scalar(queries["outputMean"]),
+            request_counts=tuple(self.series(queries["requestCounts"])),
+            window_seconds=window_s,
+            prefix_cache_hits=self.scalar(queries["prefixHits"]) if "prefixHits" in queries else None,
+            prefix_cache_queries=self.scalar(queries["prefixQueries"]) if "prefixQueries" in queries else None,
+            replicas=len(production.pods),
+        )
+
+    def buckets(self, promql_text: str) -> tuple[tuple[float, float], ...]:
+        """(le, value) of a `sum by (le)` answer; series without a readable `le` are left out."""
+        out = []
+        for labels, value in self.vector(promql_text):
+            try:
+                le = float(labels.get("le", ""))
+            except ValueError:
+                continue
+            out.append((le, value))
+        return tuple(out)
+
+    def series(self, promql_text: str) -> list[float]:
+        """The values of a subquery's one series, oldest first (NaN left out); empty when not one series."""
+        result = self._result(promql_text, None)
+        if len(result) != 1:
+            if len(result) > 1:
+                log.warning("Query returned %d series where one was expected; the series is unknown: %s",
+                            len(result), promql_text)
+            return []
+        values = result[0].get("values")
+        if not isinstance(values, list):
+            return []
+        out = []
+        for point in values:
+            value = _value({"value": point})
+            if value is not None and math.isfinite(value):
+                out.append(value)
         return out
 
     def production_gpu_model(self, production: Production) -> str | None:

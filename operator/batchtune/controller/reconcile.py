@@ -17,6 +17,7 @@ from typing import Any
 
 from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import apply as applying
+from batchtune.controller import retune
 from batchtune.controller import status as status_io
 from batchtune.controller.decide import select
 from batchtune.controller.plan import plan
@@ -49,6 +50,7 @@ def step(tick: Tick) -> None:
         restart(tick)
         return
     if tick.phase.terminal:
+        watch(tick)
         return
     try:
         tick.spec = parse_spec(dict(tick.tuning.spec or {}))
@@ -64,6 +66,23 @@ def step(tick: Tick) -> None:
     try:
         STEPS[tick.phase](tick)
     except NotAllowed as exc:  # the install refuses the spec's Prometheus URL or Secret, in any phase
+        tick.not_allowed(exc)
+    retune.track(tick)
+
+
+def watch(tick: Tick) -> None:
+    """A decided tuning with spec.retune: the watch for its next round (nothing else happens in a terminal phase)."""
+    if not (tick.tuning.spec or {}).get("retune"):
+        return
+    try:
+        tick.spec = parse_spec(dict(tick.tuning.spec or {}))
+    except InvalidBatchTuning:
+        return  # the generation that decided was valid; a new one restarts the tuning
+    if tick.backing_off():
+        return
+    try:
+        retune.watch(tick)
+    except NotAllowed as exc:
         tick.not_allowed(exc)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord
+from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord, WorkloadRecord
 from batchtune.api.models import BatchTuningSpec
 from batchtune.controller.ports import Owned
 from batchtune.controller.prometheus import PrometheusUnavailable
@@ -37,9 +37,15 @@ from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
-from batchtune.core.slo import SloTargets
+from batchtune.core.settings import Setting as CoreSetting
+from batchtune.core.slo import MIN_SAMPLES, SloTargets
 from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
+from batchtune.core.workload import bucket_text
 
+SAMPLES_FLOOR = 2 * MIN_SAMPLES
+"""Requests the first open-loop step of a capacity search should hold in its window (twice what a verdict needs)."""
+TRACE_AS_IS_PERCENT = 100
+"""A trace replayed at 100% of its speed is replayed as is (the capacity search may speed it up)."""
 # A load run whose data never shows up is run again this many times, then the trial is Failed.
 MAX_MEASURE_ATTEMPTS = 3
 # Failures that say the setting itself cannot work: the search prunes on them.
@@ -51,18 +57,39 @@ INFEASIBLE = frozenset({Reason.OOM_KILLED, Reason.OUT_OF_MEMORY, Reason.KV_CACHE
 # ---- status <-> protocol -------------------------------------------------------------------
 
 
-def protocol_config(spec: BatchTuningSpec, workload: Mapping[str, Any] | None) -> ProtocolConfig:
-    """How this BatchTuning measures its trials."""
+def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> ProtocolConfig:
+    """How this BatchTuning measures its trials.
+
+    With fromProduction and neither concurrency nor requestsPerMinute, the load is open loop at
+    production's own peak rate per replica (a trial is one replica; a capacity search starts there),
+    with its burstiness.
+    """
     objective = Objective(spec.objective.type)
     load = spec.load
     rate = load.requests_per_minute
-    production_rate = (workload or {}).get("requestsPerMinute")
-    if rate is None and load.concurrency is None and load.from_production and production_rate \
-            and objective is not Objective.SLO_CAPACITY:
-        rate = int(production_rate)  # production's own arrival rate, as an open loop
+    profile = workload.profile() if workload is not None else None
+    peak = profile.peak_per_replica() if profile is not None else None
+    first = None
+    if rate is None and load.concurrency is None and load.from_production and peak:
+        rate = max(1, round(peak * 60))
+        if objective.searches_capacity and not load.num_prompts:
+            # A quiet production's peak would give a first step too few requests to judge (Unknown):
+            # the search starts where one window holds enough of them, and walks down if that fails.
+            first = max(rate, math.ceil(SAMPLES_FLOOR * 60 / spec.trial.measure_seconds))
+    trace = load.trace_config_map_ref is not None
+    if trace:
+        rate = TRACE_AS_IS_PERCENT  # a trace's loads are percent of its own speed
     fixed = rate if rate is not None else load.concurrency
     return ProtocolConfig(objective=objective, slo=SloTargets.from_spec(spec.slo), open_loop=rate is not None,
-                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=fixed)
+                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=first or fixed, trace=trace)
+
+
+def goodput_targets(spec: BatchTuningSpec) -> tuple[tuple[str, int], ...]:
+    """The SLO's targets, per request, in the load generators' goodput terms (ITL is a request's TPOT)."""
+    slo = spec.slo
+    pairs = (("ttft", slo.ttft_milliseconds), ("tpot", slo.inter_token_latency_milliseconds),
+             ("e2el", slo.e2e_latency_milliseconds))
+    return tuple((key, ms) for key, ms in pairs if ms is not None)
 
 
 def step_result(step: LoadStepRecord) -> StepResult:
@@ -87,11 +114,19 @@ def outcome_of(trial: TrialRecord, objective: Objective) -> TrialOutcome:
                         objective_value(objective, metrics), metrics, str(trial.reason or ""), trial.message or "")
 
 
-def history(trials: list[TrialRecord], objective: Objective) -> tuple[list[HistoryEntry], list[Any]]:
-    """Finished trials as (Setting, TrialOutcome) in trial order, and the settings still running."""
+def history(trials: list[TrialRecord], objective: Objective,
+            current_is_candidate: bool = False) -> tuple[list[HistoryEntry], list[Any]]:
+    """Finished trials as (Setting, TrialOutcome) in trial order, and the settings still running.
+
+    Production's own setting (a retune round's trial 0) is the search's only when production runs
+    exactly the command line a candidate of that setting would (`current_is_candidate`); otherwise it
+    may lie outside the search space, or differ from the candidate (extra args), and is left out.
+    """
     done: list[HistoryEntry] = []
     pending = []
     for trial in trials:
+        if trial.current and not current_is_candidate:
+            continue
         if trial.state.finished:
             done.append((trial.setting.core(), outcome_of(trial, objective)))
         else:
@@ -135,7 +170,7 @@ def trials(tick: Tick) -> None:
         target_changed(tick, target)
         return
     owned = tick.ports.cluster.owned(tick.tuning.namespace, tick.tuning.uid)
-    config = protocol_config(tick.spec, tick.status.workload.to_wire() if tick.status.workload else None)
+    config = protocol_config(tick.spec, tick.status.workload)
     for trial in tick.status.trials:
         if trial.state in (TrialState.PENDING, TrialState.DEPLOYING):
             deploying(tick, target, trial, owned)
@@ -200,22 +235,61 @@ def launch(tick: Tick, target: Target, owned: Owned) -> bool:
                              + (f" (product {tick.status.plan.gpu_product})" if tick.status.plan and
                                 tick.status.plan.gpu_product else "") + "; waiting")
                 return False
+    if (tick.status.round or 1) > 1 and not any(t.current for t in trials_):
+        start_trial(tick, current_setting(tick, target), per_trial, current=True)
+        slots -= 1
+        if slots <= 0:
+            return False
     objective = Objective(tick.spec.objective.type)
     the_search = search(tick)
+    as_candidate = current_is_candidate(tick, target)
     for _ in range(slots):
-        done, pending = history(trials_, objective)
+        done, pending = history(trials_, objective, as_candidate)
         setting = the_search.ask(done, pending)
         if setting is None:
             return not pending
-        index = tick.status.next_trial_index
-        tick.status.next_trial_index = index + 1
-        trial = TrialRecord(index=index, name=trial_name(tick.tuning.name, index), setting=Setting.of(setting),
-                            state=TrialState.DEPLOYING, started_at=tick.now, gpus=per_trial)
-        trials_.append(trial)
-        # The Deployment is created on the next tick, after this intent is in status.
-        tick.event(False, Reason.TRIAL_STARTED, f"Trial {trial.name}: {setting.label()}")
-        tick.log.info("Started trial %s: %s", trial.name, setting.label())
+        start_trial(tick, setting, per_trial)
     return False
+
+
+def start_trial(tick: Tick, setting: CoreSetting, gpus: int, current: bool = False) -> TrialRecord:
+    """The intent of a trial, in status: its Deployment is created on the next tick, after this is written."""
+    index = tick.status.next_trial_index
+    tick.status.next_trial_index = index + 1
+    trial = TrialRecord(index=index, name=trial_name(tick.tuning.name, index), setting=Setting.of(setting),
+                        state=TrialState.DEPLOYING, started_at=tick.now, gpus=gpus, current=True if current else None)
+    tick.status.trials.append(trial)
+    what = f"production's own setting ({setting.label()}, its command line as it runs)" if current else setting.label()
+    tick.event(False, Reason.TRIAL_STARTED, f"Trial {trial.name}: {what}")
+    tick.log.info("Started trial %s: %s", trial.name, what)
+    return trial
+
+
+def current_is_candidate(tick: Tick, target: Target) -> bool:
+    """Whether the round's trial 0 ran exactly what a candidate of its setting would: then it counts as one."""
+    assert tick.spec is not None
+    current = next((t for t in tick.status.trials if t.current), None)
+    if current is None:
+        return False
+    space = SearchSpace.from_spec(tick.spec.search_space)
+    setting = current.setting.core()
+    if setting.max_num_seqs not in space.max_num_seqs or \
+            setting.gpu_memory_utilization_percent not in space.gpu_memory_utilization_percent or \
+            (setting.max_num_batched_tokens not in space.max_num_batched_tokens if space.max_num_batched_tokens
+             else setting.max_num_batched_tokens is not None):
+        return False
+    rewritten = target.engine.rewrite(target.container, setting, tuple(tick.spec.search_space.extra_args or ()))
+    return all(rewritten.get(k) == target.container.get(k) for k in ("command", "args"))
+
+
+def current_setting(tick: Tick, target: Target) -> CoreSetting:
+    """Production's knobs as planning read them, the engine's defaults where it sets none (for naming)."""
+    baseline = tick.status.baseline
+    engine = target.engine
+    seqs = (baseline.max_num_seqs if baseline else None) or engine.default_max_num_seqs or 1
+    gmu = (baseline.gpu_memory_utilization_percent if baseline else None) or \
+        engine.default_gpu_memory_utilization_percent
+    return CoreSetting(seqs, gmu, baseline.max_num_batched_tokens if baseline else None)
 
 
 def gpus_free_for(tick: Tick, target: Target, per_trial: int, owned: Owned) -> int | None:
@@ -249,7 +323,7 @@ def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> N
         manifest = build_trial_deployment(
             target.engine, target.deployment, target.container, tick.tuning.name, tick.tuning.uid,
             tick.tuning.namespace, trial.index, trial.setting.core(), tuple(tick.spec.search_space.extra_args or ()),
-            services, tick.status.plan.gpu_product if tick.status.plan else None)
+            services, tick.status.plan.gpu_product if tick.status.plan else None, as_is=bool(trial.current))
         if tick.ports.cluster.create(manifest):
             tick.log.info("Created trial Deployment %s", trial.name)
         return
@@ -430,15 +504,25 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
     assert tick.spec is not None
     load, spec = tick.spec.load, tick.spec
     workload = tick.status.workload
-    config = protocol_config(spec, workload.to_wire() if workload else None)
+    config = protocol_config(spec, workload)
+    measured = workload.profile() if workload is not None and load.from_production else None
+    limits = tick.status.plan.engine_limits if tick.status.plan else None
     profile = LoadProfile(
         input_tokens=(workload.input_tokens if workload and workload.input_tokens else load.input_tokens),
         output_tokens=(workload.output_tokens if workload and workload.output_tokens else load.output_tokens),
         concurrency=None if config.open_loop else step.load,
-        requests_per_minute=step.load if config.open_loop else None,
+        requests_per_minute=step.load if config.open_loop and not config.trace else None,
+        trace_speed_percent=step.load if config.trace else None,
+        trace_config_map=load.trace_config_map_ref.name if load.trace_config_map_ref else None,
+        trace_key=load.trace_config_map_ref.key if load.trace_config_map_ref else "trace.jsonl",
         duration_seconds=None if load.num_prompts else step.measure_seconds or spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
-        percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps))
+        percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps),
+        burstiness=measured.burstiness if measured is not None else 1.0,
+        prompt_lengths=bucket_text(measured.prompt) if measured is not None else None,
+        output_lengths=bucket_text(measured.output) if measured is not None else None,
+        max_model_len=limits.max_model_len if limits else None,
+        goodput_ms=goodput_targets(spec))
     model = tick.status.plan.served_model if tick.status.plan and tick.status.plan.served_model else ""
     base_url = f"http://{trial.pod_ip}:{trial.port}"
     operator_image = tick.ports.install.operator_image

@@ -42,6 +42,8 @@ COMPONENT_LOAD = "load"
 _SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields",
                   "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+TRACE_MOUNT = "/trace"
+TRACE_FILE = "trace.jsonl"
 # The uid/gid of the load generator: any non-root id works under the restricted profile.
 LOADGEN_UID = 65532
 
@@ -139,8 +141,13 @@ def build_trial_deployment(
     extra_args: Sequence[str] = (),
     service_selectors: Sequence[Mapping[str, str]] = (),
     gpu_product: str | None = None,
+    as_is: bool = False,
 ) -> dict[str, Any]:
-    """One-replica Deployment running the target's pod template with the setting's engine flags."""
+    """One-replica Deployment running the target's pod template with the setting's engine flags.
+
+    `as_is`: production's engine container unchanged (a retune round's trial 0, which measures the
+    setting production runs); `setting` then only names it.
+    """
     spec = target.get("spec") or {}
     template = copy.deepcopy(spec.get("template") or {})
     pod_meta = template.setdefault("metadata", {})
@@ -155,9 +162,10 @@ def build_trial_deployment(
     pod_meta["annotations"] = annotations
 
     pod_spec = template.setdefault("spec", {})
-    rewritten = engine.rewrite(container, setting, extra_args)
-    pod_spec["containers"] = [rewritten if c.get("name") == container.get("name") else c
-                              for c in pod_spec.get("containers", [])]
+    if not as_is:
+        rewritten = engine.rewrite(container, setting, extra_args)
+        pod_spec["containers"] = [rewritten if c.get("name") == container.get("name") else c
+                                  for c in pod_spec.get("containers", [])]
     if gpu_product:
         pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), GPU_PRODUCT_LABEL: gpu_product}
 
@@ -172,7 +180,8 @@ def build_trial_deployment(
             "labels": dict(own),
             "annotations": {
                 ANNOTATION_SETTING: setting.label(),
-                ANNOTATION_ARGS: json.dumps(engine.setting_args(setting) + list(extra_args)),
+                ANNOTATION_ARGS: json.dumps(list(container.get("args") or []) if as_is
+                                            else engine.setting_args(setting) + list(extra_args)),
                 ANNOTATION_TARGET: str(target_meta.get("name", "")),
             },
             "ownerReferences": [owner_reference(bt_name, bt_uid)],
@@ -205,13 +214,30 @@ class LoadProfile:
     burstiness: float = 1.0
     """Gamma shape of inter-arrival times (1: Poisson; below 1: burstier)."""
     seed: int = 0
+    prompt_lengths: str | None = None
+    """Production's prompt-length histogram (`le:count,...`) to sample from; None: input_tokens each."""
+    output_lengths: str | None = None
+    """Production's output-length histogram to sample from; None: output_tokens each."""
+    max_model_len: int | None = None
+    """The engine's context length: sampled prompt plus output lengths stay within it."""
+    trace_speed_percent: int | None = None
+    """Replay the trace at this percent of its own speed (100: as is)."""
+    trace_config_map: str | None = None
+    """The ConfigMap (in the BatchTuning's namespace) the load Job mounts the trace from."""
+    trace_key: str = "trace.jsonl"
+    """The trace's key in that ConfigMap."""
+    goodput_ms: tuple[tuple[str, int], ...] = ()
+    """Per-request SLO targets (`ttft`, `tpot`, `e2el` in ms) the load generator's goodput counts against."""
 
     def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.requests_per_minute is None):
+        loops = (self.concurrency, self.requests_per_minute, self.trace_speed_percent)
+        if sum(v is not None for v in loops) != 1:
             raise ValueError(
-                f"exactly one of concurrency ({self.concurrency!r}) and requests_per_minute "
-                f"({self.requests_per_minute!r}) must be set"
+                f"exactly one of concurrency ({self.concurrency!r}), requests_per_minute "
+                f"({self.requests_per_minute!r}) and trace_speed_percent ({self.trace_speed_percent!r}) must be set"
             )
+        if (self.trace_speed_percent is None) != (self.trace_config_map is None):
+            raise ValueError("a trace needs both trace_speed_percent and trace_config_map")
         if self.duration_seconds is None and self.num_prompts is None:
             raise ValueError("one of duration_seconds and num_prompts must be set")
 
@@ -237,9 +263,19 @@ def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:
     ]
     if profile.concurrency is not None:
         args += ["--concurrency", str(profile.concurrency)]
+    elif profile.trace_speed_percent is not None:
+        args += ["--trace", f"{TRACE_MOUNT}/{TRACE_FILE}", "--trace-speed-percent", str(profile.trace_speed_percent)]
     else:
         assert profile.requests_per_minute is not None
         args += ["--request-rate", f"{profile.requests_per_minute / 60:.6g}", "--burstiness", f"{profile.burstiness:g}"]
+    if profile.prompt_lengths:
+        args += ["--prompt-buckets", profile.prompt_lengths]
+    if profile.output_lengths:
+        args += ["--output-buckets", profile.output_lengths]
+    if profile.max_model_len:
+        args += ["--max-model-len", str(profile.max_model_len)]
+    if profile.goodput_ms:
+        args += ["--goodput", *(f"{key}:{ms}" for key, ms in profile.goodput_ms)]
     host = urlsplit(base_url).hostname or ""
     if not host.startswith("127."):
         args.append("--allow-non-loopback")  # real clusters: pod IPs are not loopback
@@ -321,7 +357,7 @@ def build_bench_job(
     warmups = profile.concurrency or 1
     argv = engine.bench_argv(base_url, model, tokenizer, profile.input_tokens, profile.output_tokens,
                              profile.concurrency, profile.requests_per_minute, prompts, warmups, profile.seed,
-                             "/tmp", "result.json")
+                             "/tmp", "result.json", burstiness=profile.burstiness, goodput_ms=profile.goodput_ms)
     if argv is None:
         raise ValueError(f"{engine.display} has no benchmark client of its own; use spec.load.generator: Builtin")
     bench = _container("bench", image, argv[:1], argv[1:])
@@ -346,7 +382,14 @@ def build_load_job(
     """The builtin load generator's Job for one load run: bounded by count and time, never retried.
 
     `image` is the operator's own image, running `batchtune loadgen ...`, which writes its summary
-    JSON (with its own measurement window) to the termination message.
+    JSON (with its own measurement window) to the termination message. A trace is mounted read-only
+    from its ConfigMap (the kubelet reads it for the pod; the operator never does).
     """
     container = _container("loadgen", image, ["batchtune"], _builtin_args(base_url, model, profile))
-    return _job(bt_name, bt_uid, namespace, trial_index, name, profile, [container])
+    job = _job(bt_name, bt_uid, namespace, trial_index, name, profile, [container])
+    if profile.trace_config_map is not None:
+        pod = job["spec"]["template"]["spec"]
+        pod["volumes"].append({"name": "trace", "configMap": {
+            "name": profile.trace_config_map, "items": [{"key": profile.trace_key, "path": TRACE_FILE}]}})
+        container["volumeMounts"].append({"name": "trace", "mountPath": TRACE_MOUNT, "readOnly": True})
+    return job

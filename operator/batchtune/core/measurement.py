@@ -93,7 +93,7 @@ def run_result(prometheus: Mapping[str, float | None], summary: Mapping[str, Any
         if completed is not None and failed is not None and completed + failed > 0:
             values[M.ERROR_RATE_PERCENT] = 100.0 * failed / (completed + failed)
         for key, metric in (("samples", M.SAMPLES), ("in_flight", M.IN_FLIGHT),
-                            ("offered_request_rate", M.OFFERED_REQUEST_RATE)):
+                            ("offered_request_rate", M.OFFERED_REQUEST_RATE), ("request_goodput", M.GOODPUT)):
             number = _number(summary.get(key))
             if number is not None:
                 values[metric] = number

@@ -15,6 +15,12 @@ class Objective(StrEnum):
     OUTPUT_THROUGHPUT = "OutputThroughput"
     GPU_UTILIZATION = "GpuUtilization"
     TOKENS_PER_JOULE = "TokensPerJoule"
+    GOODPUT = "Goodput"
+
+    @property
+    def searches_capacity(self) -> bool:
+        """Whether a trial searches the highest load it holds within the SLO (else: one step at a fixed load)."""
+        return self in (Objective.SLO_CAPACITY, Objective.GOODPUT)
 
 
 OBJECTIVE_UNITS = {
@@ -22,6 +28,7 @@ OBJECTIVE_UNITS = {
     Objective.OUTPUT_THROUGHPUT: "tok/s",
     Objective.GPU_UTILIZATION: "%",
     Objective.TOKENS_PER_JOULE: "tok/J",
+    Objective.GOODPUT: "req/s",
 }
 
 
@@ -41,9 +48,13 @@ def objective_value(objective: Objective | str, metrics: Mapping[str, Any]) -> f
 
     SloCapacity: `sloCapacity` (highest load sustained within the SLO), else the request throughput
     the trial sustained. GpuUtilization: SM active when exported (GPU_UTIL is near 100% whenever any
-    kernel runs), else GPU_UTIL. TokensPerJoule: output tokens/s over watts.
+    kernel runs), else GPU_UTIL. TokensPerJoule: output tokens/s over watts. Goodput: the requests per
+    second that met every SLO target each (TTFT, time per output token, end-to-end) at the trial's SLO
+    capacity under production's shape; never taken from a throughput (unmeasured is unknown).
     """
     objective = Objective(objective)
+    if objective is Objective.GOODPUT:
+        return _get(metrics, M.GOODPUT)
     if objective is Objective.SLO_CAPACITY:
         value = _get(metrics, M.SLO_CAPACITY)
         return value if value is not None else _get(metrics, M.REQUEST_THROUGHPUT)

@@ -43,9 +43,12 @@ class AppliedMark:
     applied: ContainerArgs
     applied_at: datetime
     state: MarkState = MarkState.APPLIED
+    round: int = 1
+    """The round of continuous tuning that applied it (spec.retune); absent in the annotation: 1."""
 
-    def by(self, uid: str, generation: int | None = None) -> bool:
-        return self.uid == uid and (generation is None or self.generation == generation)
+    def by(self, uid: str, generation: int | None = None, round_: int | None = None) -> bool:
+        return self.uid == uid and (generation is None or self.generation == generation) and \
+            (round_ is None or self.round == round_)
 
     def with_state(self, state: MarkState) -> AppliedMark:
         return replace(self, state=state)
@@ -55,6 +58,7 @@ class AppliedMark:
             "tuning": self.tuning, "uid": self.uid, "generation": self.generation, "container": self.container,
             "previous": self.previous.to_wire(), "applied": self.applied.to_wire(),
             "appliedAt": self.applied_at.strftime("%Y-%m-%dT%H:%M:%SZ"), "state": self.state.value,
+            **({"round": self.round} if self.round != 1 else {}),
         }, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -68,7 +72,7 @@ class AppliedMark:
             return cls(str(data["tuning"]), str(data["uid"]), int(data["generation"]), str(data["container"]),
                        _args(data["previous"]), _args(data["applied"]),
                        datetime.fromisoformat(str(data["appliedAt"]).replace("Z", "+00:00")),
-                       MarkState(data.get("state", MarkState.APPLIED)))
+                       MarkState(data.get("state", MarkState.APPLIED)), int(data.get("round", 1)))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 

@@ -180,9 +180,17 @@ def histogram_mean(metrics: tuple[str, ...], sel: Selector, window_s: int, scale
                 for m in metrics])
 
 
-def histogram_buckets(metric: str, sel: Selector, window_s: int) -> str:
+def histogram_buckets(metrics: tuple[str, ...], sel: Selector, window_s: int) -> str:
     """Per-bucket increase over the window (`le` kept): a length distribution."""
-    return f"sum by (le) (increase({check_metric_name(metric)}_bucket{sel.render()}{_window(window_s)}))"
+    s, w = sel.render(), _window(window_s)
+    return _or([f"sum by (le) (increase({check_metric_name(m)}_bucket{s}{w}))" for m in metrics])
+
+
+def histogram_increase_mean(metrics: tuple[str, ...], sel: Selector, window_s: int) -> str:
+    """The exact mean over the window: increase of `_sum` over increase of `_count`."""
+    s, w = sel.render(), _window(window_s)
+    return _or([f"sum(increase({check_metric_name(m)}_sum{s}{w})) / sum(increase({m}_count{s}{w}))"
+                for m in metrics])
 
 
 def counter_rate(metrics: tuple[str, ...], sel: Selector, window_s: int) -> str:
@@ -323,16 +331,34 @@ def _in_system_growth(names: MetricNames, sel: Selector, window_s: int) -> str:
     return " + ".join(parts)
 
 
-def workload_queries(ctx: QueryContext, sel: Selector, window_s: int) -> dict[str, str]:
-    """Production's length distributions (bucket increases) and request rate over the lookback."""
-    names = ctx.names
-    return {
-        "promptBuckets": histogram_buckets(names["request_prompt_tokens"], sel, window_s),
-        "outputBuckets": histogram_buckets(names["request_generation_tokens"], sel, window_s),
-        "requests": counter_increase(names.candidates("request_success"), sel, window_s),
+RATE_WINDOW_SECONDS = 60
+"""Width of the windows production's request counts are taken over (the burstiness estimate's unit)."""
+
+
+def rate_window_seconds(scrape_interval_s: float) -> int:
+    """Count windows wide enough for increase() to see four scrapes, at least a minute."""
+    return max(RATE_WINDOW_SECONDS, int(4 * scrape_interval_s + 0.999))
+
+
+def workload_queries(ctx: QueryContext, sel: Selector, lookback_s: int, window_s: int) -> dict[str, str]:
+    """Production's workload over the lookback, all from the engine's configured names.
+
+    promptBuckets/outputBuckets: per-`le` increases of the length histograms (vectors); promptMean/
+    outputMean: exact means; requestCounts: finished requests per consecutive `window_s` window (a
+    subquery, so a matrix); prefixHits/prefixQueries: prefix-cache tokens (absent where not exposed).
+    """
+    c = ctx.names.candidates
+    if lookback_s < window_s:
+        raise ValueError(f"lookback {lookback_s}s is shorter than the {window_s}s rate window")
+    counts = counter_increase(c("request_success"), sel, window_s)
+    out = {
+        "promptBuckets": histogram_buckets(c("request_prompt_tokens"), sel, lookback_s),
+        "outputBuckets": histogram_buckets(c("request_generation_tokens"), sel, lookback_s),
+        "promptMean": histogram_increase_mean(c("request_prompt_tokens"), sel, lookback_s),
+        "outputMean": histogram_increase_mean(c("request_generation_tokens"), sel, lookback_s),
+        "requestCounts": f"({counts})[{int(lookback_s)}s:{int(window_s)}s]",
     }
-
-
-def request_rate_series(ctx: QueryContext, sel: Selector, step_s: int) -> str:
-    """Production's request rate, as a range query's expression (evaluated at each step)."""
-    return counter_rate(ctx.names.candidates("request_success"), sel, max(60, step_s))
+    if "prefix_cache_hits" in ctx.names.names and "prefix_cache_queries" in ctx.names.names:
+        out["prefixHits"] = counter_increase(c("prefix_cache_hits"), sel, lookback_s)
+        out["prefixQueries"] = counter_increase(c("prefix_cache_queries"), sel, lookback_s)
+    return out

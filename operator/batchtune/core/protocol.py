@@ -36,7 +36,7 @@ HIGHER_IS_WORSE = frozenset({
     M.KV_CACHE_USAGE_PERCENT, M.KV_CACHE_USAGE_MAX_PERCENT, M.WAITING_REQUESTS, M.WAITING_GROWTH,
     M.IN_FLIGHT, M.TTFT_HISTOGRAM_MS, M.ITL_HISTOGRAM_MS, M.E2E_HISTOGRAM_MS,
 })
-LOWER_IS_WORSE = frozenset({M.REQUEST_THROUGHPUT, M.OUTPUT_THROUGHPUT, M.PROMPT_THROUGHPUT, M.SAMPLES})
+LOWER_IS_WORSE = frozenset({M.REQUEST_THROUGHPUT, M.OUTPUT_THROUGHPUT, M.PROMPT_THROUGHPUT, M.SAMPLES, M.GOODPUT})
 
 # Trial metric <- step metrics it is the peak of, over every measured step: the capacity step's own
 # KV usage sits below where the cache binds, the failing step above it shows the binding (Adaptive's gmu gate).
@@ -59,21 +59,25 @@ class ProtocolConfig:
     """The load of the single step of a non-capacity objective; None: the trial's max-num-seqs (closed loop)."""
     first_load: int | None = None
     """The capacity search's first load when no neighbour has a capacity yet; None: half the batch (closed)."""
+    trace: bool = False
+    """Loads are percent of a trace's own speed (100: replayed as is), not requests per minute."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats {self.repeats!r} must be >= 1")
         if self.max_steps < 1:
             raise ValueError(f"max_steps {self.max_steps!r} must be >= 1")
-        if self.open_loop and self.objective is not Objective.SLO_CAPACITY and self.fixed_load is None:
+        if self.open_loop and not self.objective.searches_capacity and self.fixed_load is None:
             raise ValueError("an open loop at a fixed load needs fixed_load (requests per minute)")
 
     @property
     def searches_capacity(self) -> bool:
-        return self.objective is Objective.SLO_CAPACITY
+        return self.objective.searches_capacity
 
     @property
     def unit(self) -> str:
+        if self.trace:
+            return "% of the trace's speed"
         return "requests/min" if self.open_loop else "concurrent requests"
 
 

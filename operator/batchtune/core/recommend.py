@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting, percent_to_fraction
 
 if TYPE_CHECKING:
@@ -72,10 +73,7 @@ def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str,
             op = "replace" if field_name in container else "add"
             ops.append({"op": op, "path": f"/spec/template/spec/containers/{index}/{field_name}",
                         "value": new.get(field_name)})
-    kustomize: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": (target.get("metadata") or {}).get("name")},
-                 "spec": {"template": {"spec": {"containers": [
-                     {"name": name, **{k: new[k] for k in ("command", "args") if k in new}}]}}}}
+    kustomize = kustomize_patch(target, name, new)
     knobs: dict[str, Any] = {"maxNumSeqs": setting.max_num_seqs,
                              "gpuMemoryUtilization": float(percent_to_fraction(setting.gpu_memory_utilization_percent))}
     if setting.max_num_batched_tokens:
@@ -84,15 +82,25 @@ def recommend(engine: Engine, target: Mapping[str, Any], container: Mapping[str,
                           sort_keys=False)
     return Recommendation(
         setting=setting, container_name=name, container=ContainerArgs.of(new),
-        json_patch=json.dumps(ops, indent=2), kustomize_patch=yaml.safe_dump(kustomize, sort_keys=False),
+        json_patch=json.dumps(ops, indent=2), kustomize_patch=kustomize,
         helm_values="# Values for charts that expose the engine's flags; adapt the keys to your chart.\n" + helm)
 
 
-def replicas_needed(capacity_per_second: float | None, peak_per_second: float | None) -> int | None:
-    """Replicas that serve production's observed peak at the chosen setting's SLO capacity.
+def kustomize_patch(target: Mapping[str, Any], container_name: str, container: Mapping[str, Any]) -> str:
+    """A strategic-merge patch setting one container's command and args as `container` has them."""
+    patch: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment",
+                             "metadata": {"name": (target.get("metadata") or {}).get("name")},
+                             "spec": {"template": {"spec": {"containers": [
+                                 {"name": container_name,
+                                  **{k: container[k] for k in ("command", "args") if k in container}}]}}}}
+    return yaml.safe_dump(patch, sort_keys=False)
 
-    The capacity is already measured under the headroom-adjusted SLO limits, so the headroom is not
-    taken off again. None when either figure is unknown or not positive.
+
+def replicas_needed(capacity_per_second: float | None, peak_per_second: float | None) -> int | None:
+    """Replicas that serve production's observed peak (all replicas together) at one replica's SLO capacity.
+
+    The capacity is measured under the headroom-adjusted SLO limits, so the headroom is in it and is
+    not taken off again. None when either figure is unknown or not positive.
     """
     if capacity_per_second is None or peak_per_second is None:
         return None
@@ -101,3 +109,37 @@ def replicas_needed(capacity_per_second: float | None, peak_per_second: float | 
     if capacity_per_second <= 0 or peak_per_second <= 0:
         return None
     return max(1, math.ceil(peak_per_second / capacity_per_second))
+
+
+@dataclass(frozen=True)
+class ReplicaHint:
+    replicas: int | None
+    basis: str
+    """How the number was reached, or why there is none."""
+
+
+def replica_hint(objective: Objective | str, capacities: Sequence[float | None], peak_per_second: float | None,
+                 peak_source: str, headroom_percent: int) -> ReplicaHint:
+    """How many replicas of the chosen setting serve production's observed peak within the SLO.
+
+    `capacities` are the chosen setting's SLO capacities, one per repeat (requests per second one
+    replica held at the highest load that met the SLO less `headroom_percent`): the worst repeat
+    counts. The headroom is counted once, there. Only objectives whose trials search that load
+    (SloCapacity, Goodput) have a capacity; a fixed-load objective measured one load, not what a
+    replica holds, and gets no hint rather than a guess.
+    """
+    objective = Objective(objective)
+    if not objective.searches_capacity:
+        return ReplicaHint(None, f"no replica hint: the {objective.value} objective measures one fixed load, not "
+                                 "the load a replica holds within the SLO (use SloCapacity or Goodput)")
+    known = [c for c in capacities if c is not None and math.isfinite(c) and c > 0]
+    if not known or len(known) < len(capacities):
+        return ReplicaHint(None, "no replica hint: the chosen setting's SLO capacity was not measured in every repeat")
+    capacity = min(known)
+    replicas = replicas_needed(capacity, peak_per_second)
+    if replicas is None:
+        return ReplicaHint(None, f"no replica hint: production's peak request rate is unknown ({peak_source})")
+    assert peak_per_second is not None
+    return ReplicaHint(replicas, f"ceil(peak {peak_per_second:.3g} req/s ({peak_source}) / SLO capacity "
+                                 f"{capacity:.3g} req/s per replica) = {replicas}; the capacity already keeps "
+                                 f"{headroom_percent}% headroom under the SLO targets, so no more is added")

@@ -21,11 +21,12 @@ from batchtune.core.outcomes import TrialOutcome, TrialState, Verdict
 from batchtune.core.settings import Setting
 from batchtune.core.slo import SloTargets, evaluate_slo
 
-_OBJECTIVE_WORDS = {
+OBJECTIVE_WORDS = {
     Objective.SLO_CAPACITY: "SLO capacity",
     Objective.OUTPUT_THROUGHPUT: "output throughput",
     Objective.GPU_UTILIZATION: "GPU utilization",
     Objective.TOKENS_PER_JOULE: "tokens per joule",
+    Objective.GOODPUT: "goodput",
 }
 
 
@@ -48,7 +49,7 @@ class Selection:
 
 
 def _fmt(objective: Objective, value: float) -> str:
-    return f"{_OBJECTIVE_WORDS[objective]} {value:.4g} {OBJECTIVE_UNITS[objective]}"
+    return f"{OBJECTIVE_WORDS[objective]} {value:.4g} {OBJECTIVE_UNITS[objective]}"
 
 
 def _rejection(trial: CompletedTrial, objective: Objective, slo: SloTargets | None) -> str | None:
@@ -65,7 +66,7 @@ def _rejection(trial: CompletedTrial, objective: Objective, slo: SloTargets | No
             return f"rejected: SLO {again.verdict.value.lower()} on re-evaluation ({again.reason})"
     value = outcome.objective if outcome.objective is not None else objective_value(objective, outcome.metrics)
     if value is None:
-        return f"rejected: {_OBJECTIVE_WORDS[objective]} was not measured"
+        return f"rejected: {OBJECTIVE_WORDS[objective]} was not measured"
     return None
 
 

@@ -145,6 +145,10 @@ class Reason(StrEnum):
     ROLLED_BACK = "RolledBack"
     PRODUCTION_CHANGED_BY_OTHERS = "ProductionChangedByOthers"
     DELETED = "Deleted"
+    # Continuous tuning (spec.retune)
+    ROUND_STARTED = "RoundStarted"
+    ROUND_ENDED = "RoundEnded"
+    KEPT_CURRENT = "KeptCurrent"
 
 
 # Trial reasons the strategies prune on: the setting, not the circumstances, made the trial fail.
@@ -197,6 +201,8 @@ class M(StrEnum):
     REQUESTS = "requests"
     """Production requests counted in a verify window."""
     # Trial conclusions
+    GOODPUT = "goodput"
+    """Requests per second that met every SLO target, each request on its own (the load generator counts them)."""
     SLO_CAPACITY = "sloCapacity"
     SLO_CAPACITY_LOAD = "sloCapacityLoad"
     TOKENS_PER_JOULE = "tokensPerJoule"

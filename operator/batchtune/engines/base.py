@@ -29,7 +29,7 @@ ENGINE_METRIC_ROLES = (
     "e2e_request_latency", "time_to_first_token", "inter_token_latency", "request_queue_time",
     "generation_tokens", "prompt_tokens", "request_success", "num_preemptions", "num_requests_running",
     "num_requests_waiting", "kv_cache_usage", "cache_config_info", "request_prompt_tokens",
-    "request_generation_tokens", "iteration_tokens",
+    "request_generation_tokens", "iteration_tokens", "prefix_cache_queries", "prefix_cache_hits",
 )
 
 
@@ -110,6 +110,8 @@ class Engine(ABC):
     readiness_path: str = "/health"
     default_port: int = 8000
     default_gpu_memory_utilization_percent: int = 90
+    default_max_num_seqs: int | None = None
+    """The engine's own --max-num-seqs when none is given, where it does not depend on the hardware."""
     safe_extra_flags: frozenset[str] = frozenset()
     """Flags a BatchTuning's `extraArgs` may add to trials (and so to production): nothing that loads
     code, changes identity (model, name, host, port), or sets a tuned knob behind the search's back."""
@@ -215,8 +217,13 @@ class Engine(ABC):
 
     def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
                    concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
-                   seed: int, result_dir: str, result_file: str) -> list[str] | None:
-        """The command of the engine's own benchmark client for one load run, or None when it has none."""
+                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0,
+                   goodput_ms: Sequence[tuple[str, int]] = ()) -> list[str] | None:
+        """The command of the engine's own benchmark client for one load run, or None when it has none.
+
+        `burstiness` is the gamma shape of open-loop arrivals (1: Poisson), as `vllm bench serve` means it;
+        `goodput_ms` the per-request targets (`ttft`, `tpot`, `e2el`) its goodput counts against.
+        """
         return None
 
     # ---- the engine's limits ------------------------------------------------------------------

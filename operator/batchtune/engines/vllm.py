@@ -70,10 +70,14 @@ _METRICS = MetricConventions(
         "request_prompt_tokens": "vllm:request_prompt_tokens",
         "request_generation_tokens": "vllm:request_generation_tokens",
         "iteration_tokens": "vllm:iteration_tokens_total",
+        "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+        "prefix_cache_hits": "vllm:prefix_cache_hits_total",
     },
     aliases={
         "kv_cache_usage": ("vllm:gpu_cache_usage_perc",),  # renamed in vLLM 0.9
         "inter_token_latency": ("vllm:time_per_output_token_seconds",),  # renamed in 0.11, removed in 0.13
+        "prefix_cache_queries": ("vllm:gpu_prefix_cache_queries_total",),  # the V1 engine's first names
+        "prefix_cache_hits": ("vllm:gpu_prefix_cache_hits_total",),
     },
     model_label="model_name",
     finished_reason_label="finished_reason",
@@ -128,6 +132,7 @@ class Vllm(Engine):
     readiness_path = "/health"
     default_port = 8000
     default_gpu_memory_utilization_percent = 90
+    default_max_num_seqs = 256  # vLLM's batch default off >=70 GiB GPUs (1024 on H100/H200-class ones)
 
     @cached_property
     def catalog(self) -> dict[str, Arity]:
@@ -241,8 +246,14 @@ class Vllm(Engine):
 
     def bench_argv(self, base_url: str, model: str, tokenizer: str | None, input_tokens: int, output_tokens: int,
                    concurrency: int | None, requests_per_minute: int | None, num_prompts: int, warmups: int,
-                   seed: int, result_dir: str, result_file: str) -> list[str] | None:
-        """`vllm bench serve` (random dataset) for one load run, its result JSON saved under result_dir."""
+                   seed: int, result_dir: str, result_file: str, *, burstiness: float = 1.0,
+                   goodput_ms: Sequence[tuple[str, int]] = ()) -> list[str] | None:
+        """`vllm bench serve` (random dataset) for one load run, its result JSON saved under result_dir.
+
+        Open loop, the arrivals are gamma with shape `burstiness` (`--burstiness`, production's own
+        with fromProduction). The random dataset has one length per run: production's mean lengths.
+        `--goodput` makes the result's `request_goodput` count the requests that met every SLO target.
+        """
         argv = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--model", model,
                 "--dataset-name", "random", "--random-input-len", str(input_tokens),
                 "--random-output-len", str(output_tokens), "--ignore-eos", "--num-prompts", str(num_prompts),
@@ -254,7 +265,9 @@ class Vllm(Engine):
         if concurrency is not None:
             argv += ["--max-concurrency", str(concurrency)]
         if requests_per_minute is not None:
-            argv += ["--request-rate", f"{requests_per_minute / 60:.6g}"]
+            argv += ["--request-rate", f"{requests_per_minute / 60:.6g}", "--burstiness", f"{burstiness:g}"]
+        if goodput_ms:
+            argv += ["--goodput", *(f"{key}:{ms}" for key, ms in goodput_ms)]
         return argv
 
     def parse_argv(self, argv: list[str]) -> tuple[str | None, dict[str, str | None], list[str]]:

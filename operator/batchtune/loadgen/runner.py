@@ -1,9 +1,11 @@
 """Real HTTP load against an OpenAI-compatible endpoint (streaming, to measure TTFT and ITL).
 
-Two arrival modes, as `vllm bench serve`: closed loop (`concurrency` streams, each sending its
-next request when the previous one ends; `request_rate=inf`) or open loop (Poisson arrivals at
-`request_rate`, optionally capped at `concurrency` in flight). The run always has two bounds:
-`num_prompts` requests sent (warm-up included) and `duration_s`, a hard stop that cancels the
+Arrival modes, as `vllm bench serve`: closed loop (`concurrency` streams, each sending its next
+request when the previous one ends; `request_rate=inf`) or open loop (gamma arrivals at
+`request_rate` with shape `burstiness`, optionally capped at `concurrency` in flight); or a trace
+replayed as is (`trace`, its offsets scaled by `trace_speed_percent`). Lengths are fixed, spread,
+sampled from production's histograms, or the trace's (`loadgen.workload`). The run always has two
+bounds: `num_prompts` requests sent (warm-up included) and `duration_s`, a hard stop that cancels the
 requests still in flight.
 
 Time inputs and outputs are in simulated seconds: with `time_scale` X (the twin runs X times
@@ -28,6 +30,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from batchtune.core.workload import LengthDistribution
 from batchtune.loadgen.prompts import make_prompt
 from batchtune.loadgen.stats import (
     DEFAULT_PERCENTILE_METRICS,
@@ -36,6 +39,7 @@ from batchtune.loadgen.stats import (
     Window,
     compute_result,
 )
+from batchtune.loadgen.workload import LengthSampler, TraceRequest, arrival_gap
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 
@@ -82,6 +86,19 @@ class LoadSpec:
     """Send load to addresses outside 127.0.0.0/8 (the operator's in-cluster Job sets it)."""
     ready_timeout_s: float = 60.0
     """Wall seconds to wait for GET /v1/models to answer before starting."""
+    prompt_lengths: LengthDistribution | None = None
+    """Production's prompt-length histogram to sample each prompt from (instead of input_len)."""
+    output_lengths: LengthDistribution | None = None
+    """Production's output-length histogram to sample each `max_tokens` from (instead of output_len)."""
+    max_model_len: int | None = None
+    """The engine's context length: a sampled prompt plus its output is cut to fit."""
+    trace: tuple[TraceRequest, ...] = ()
+    """Requests to replay as they are (arrival offsets and lengths), instead of sampled ones."""
+    trace_speed_percent: float = 100.0
+    """Replay speed of the trace (200: offsets halved)."""
+    goodput_ms: tuple[tuple[str, float], ...] = ()
+    """Per-request targets (`ttft`, `tpot`, `e2el` in ms): `request_goodput` counts the completed requests that
+    met them all, as `vllm bench serve --goodput`."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -94,6 +111,9 @@ class LoadSpec:
             ("time_scale", self.time_scale > 0),
             ("range_ratio", 0 <= self.range_ratio < 1),
             ("burstiness", self.burstiness > 0),
+            ("trace_speed_percent", self.trace_speed_percent > 0),
+            ("max_model_len", self.max_model_len is None or self.max_model_len >= 3),
+            ("goodput_ms", all(k in ("ttft", "tpot", "e2el") and v > 0 for k, v in self.goodput_ms)),
         ]
         for name, ok in checks:
             if not ok:
@@ -247,12 +267,6 @@ async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: 
         await asyncio.sleep(0.2)
 
 
-def _draw_len(rng: random.Random, length: int, ratio: float) -> int:
-    if ratio <= 0:
-        return length
-    return max(1, rng.randint(int(length * (1 - ratio)), int(math.ceil(length * (1 + ratio)))))
-
-
 async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the load and return the `vllm bench serve`-style result dict (setup and result keys)."""
     check_target(spec.base_url, spec.allow_non_loopback)
@@ -280,11 +294,17 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
             f"duration={spec.duration_s}s warmup={spec.warmup_s}s time_scale={spec.time_scale}"
         )
 
+        sampler = LengthSampler(spec.input_len, spec.output_len, spec.range_ratio, spec.prompt_lengths,
+                                spec.output_lengths, spec.max_model_len)
+
         def next_request() -> tuple[RequestRecord, dict[str, Any]]:
             nonlocal issued
+            if spec.trace:
+                traced = spec.trace[issued]
+                prompt_tokens, max_tokens = traced.prompt_tokens, traced.output_tokens
+            else:
+                prompt_tokens, max_tokens = sampler.draw(rng)
             issued += 1
-            prompt_tokens = _draw_len(rng, spec.input_len, spec.range_ratio)
-            max_tokens = _draw_len(rng, spec.output_len, spec.range_ratio)
             record = RequestRecord(sent_at=0.0, prompt_tokens=prompt_tokens)
             records.append(record)
             return record, _payload(spec, model, make_prompt(prompt_tokens, rng), max_tokens)
@@ -301,7 +321,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
             semaphore = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
             next_at = started
             wall_rate = spec.request_rate * spec.time_scale
-            theta = 1.0 / (wall_rate * spec.burstiness) if math.isfinite(wall_rate) else 0.0
+            timed = math.isfinite(wall_rate)
 
             async def gated(record: RequestRecord, body: dict[str, Any]) -> None:
                 if semaphore is None:
@@ -311,9 +331,15 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
                     if loop.time() < hard_stop:
                         await one(record, body)
 
-            while issued < spec.num_prompts:
-                if theta:
-                    next_at += rng.gammavariate(spec.burstiness, theta)
+            limit = min(spec.num_prompts, len(spec.trace)) if spec.trace else spec.num_prompts
+            while issued < limit:
+                if spec.trace:
+                    # Replayed as is: the trace's own offsets (scaled by speed and the twin's time scale).
+                    next_at = started + spec.trace[issued].offset_seconds * 100.0 / spec.trace_speed_percent \
+                        / spec.time_scale
+                elif timed:
+                    next_at += arrival_gap(rng, wall_rate, spec.burstiness)
+                if spec.trace or timed:
                     if next_at >= hard_stop:
                         break
                     await asyncio.sleep(max(0.0, next_at - loop.time()))
@@ -324,7 +350,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
                 await asyncio.wait(set(tasks))
 
         driver: asyncio.Future[Any]  # awaited for its end only
-        if spec.concurrency and not math.isfinite(spec.request_rate):
+        if spec.concurrency and not math.isfinite(spec.request_rate) and not spec.trace:
             driver = asyncio.gather(*(closed_loop_stream() for _ in range(spec.concurrency)))
         else:
             driver = asyncio.ensure_future(open_loop())
@@ -358,6 +384,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         percentiles=spec.percentiles,
         time_scale=spec.time_scale,
         wall_offset=wall_offset,
+        goodput_ms=spec.goodput_ms,
     )
     setup = {
         "date": time.strftime("%Y%m%d-%H%M%S"),
@@ -369,6 +396,10 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         "num_prompts": spec.num_prompts,
         "request_rate": spec.request_rate if math.isfinite(spec.request_rate) else "inf",
         "burstiness": spec.burstiness,
+        "length_source": "trace" if spec.trace else "histogram" if spec.prompt_lengths or spec.output_lengths
+        else "fixed",
+        "trace_requests": len(spec.trace) or None,
+        "trace_speed_percent": spec.trace_speed_percent if spec.trace else None,
         "max_concurrency": spec.concurrency,
         "input_len": spec.input_len,
         "output_len": spec.output_len,

@@ -134,6 +134,7 @@ def compute_result(
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
     time_scale: float = 1.0,
     wall_offset: float | None = None,
+    goodput_ms: tuple[tuple[str, float], ...] = (),
 ) -> dict[str, Any]:
     """The result keys of `vllm bench serve` (results part) for the window.
 
@@ -159,7 +160,8 @@ def compute_result(
         "total_input_tokens": total_input,
         "total_output_tokens": window.output_tokens,
         "request_throughput": len(ok) / duration,
-        "request_goodput": None,
+        "request_goodput": (sum(1 for r in ok if is_good(r, goodput_ms, time_scale)) / duration
+                            if goodput_ms else None),
         "output_throughput": window.output_tokens / duration,
         "total_token_throughput": (total_input + window.output_tokens) / duration,
         "max_output_tokens_per_s": window.max_output_tokens_per_s / time_scale,
@@ -194,8 +196,31 @@ def compute_result(
     return result
 
 
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+"""What `--goodput KEY:MS` may bound, as `vllm bench serve --goodput` (the DistServe definition)."""
+
+
+def is_good(record: RequestRecord, goodput_ms: tuple[tuple[str, float], ...], time_scale: float = 1.0) -> bool:
+    """Whether a completed request met every goodput target (milliseconds, in the simulated time)."""
+    ms = 1000.0 * time_scale
+    for key, limit in goodput_ms:
+        if key == "ttft":
+            value = record.ttft_s * ms
+        elif key == "tpot":
+            if record.output_tokens <= 1:
+                continue
+            value = (record.e2el_s - record.ttft_s) / (record.output_tokens - 1) * ms
+        elif key == "e2el":
+            value = record.e2el_s * ms
+        else:
+            raise ValueError(f"goodput key {key!r} is not one of {', '.join(GOODPUT_KEYS)}")
+        if value > limit:
+            return False
+    return True
+
+
 SUMMARY_KEYS = (
-    "completed", "failed", "samples", "in_flight", "offered_request_rate", "measure_start", "measure_end", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+    "request_goodput", "completed", "failed", "samples", "in_flight", "offered_request_rate", "measure_start", "measure_end", "duration", "request_throughput", "output_throughput", "total_token_throughput",
     *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
       for stat in ("mean", "median", "p50", "p90", "p95", "p99")),
     "max_concurrency", "request_rate", "time_scale",
