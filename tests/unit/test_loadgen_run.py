@@ -110,3 +110,69 @@ def test_poisson_rate_and_duration_bound():
     assert 0.6 * rate * duration <= result["requests_sent"] <= 1.4 * rate * duration
     assert result["duration"] == pytest.approx(duration, rel=0.05)
     assert result["completed"] > 0 and result["failed"] == 0
+
+
+class _Engine:
+    """A minimal OpenAI-style server with its own tokenizer: records the prompts it was sent."""
+
+    def __init__(self, tokenize: bool) -> None:
+        self.tokenize, self.prompts, self.tokenized = tokenize, [], []
+
+    async def serve(self):
+        from aiohttp import web
+
+        async def models(_request):
+            return web.json_response({"data": [{"id": "tiny"}]})
+
+        async def tokenize(request):
+            body = await request.json()
+            self.tokenized.append(body)
+            # Two ids per word, as a tokenizer that splits these words finer than the twin's rule would.
+            return web.json_response({"tokens": [i for n in range(len(body["prompt"].split())) for i in (2 * n, 2 * n + 1)],
+                                      "count": 2 * len(body["prompt"].split()), "max_model_len": 4096})
+
+        async def completions(request):
+            body = await request.json()
+            self.prompts.append(body["prompt"])
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for _ in range(body["max_tokens"]):
+                await resp.write(b'data: {"choices": [{"text": " x"}]}\n\n')
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        if self.tokenize:
+            app.router.add_post("/tokenize", tokenize)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]
+
+
+@pytest.mark.parametrize("tokenize", [True, False], ids=["engine-tokenizer-token-ids", "no-tokenizer-filler-words"])
+def test_prompts_are_the_requested_length_in_the_engines_own_tokens(tokenize):
+    engine = _Engine(tokenize)
+
+    async def go():
+        runner, port = await engine.serve()
+        try:
+            spec = LoadSpec(base_url=f"http://127.0.0.1:{port}", input_len=100, output_len=2, range_ratio=0.5,
+                            concurrency=2, num_prompts=12, duration_s=30, seed=5)
+            return await run_load(spec)
+        finally:
+            await runner.cleanup()
+
+    result = asyncio.run(asyncio.wait_for(go(), timeout=30))
+    assert result["completed"] == 12
+    if tokenize:
+        assert engine.tokenized[0]["add_special_tokens"] is False and engine.tokenized[0]["model"] == "tiny"
+        vocabulary = set(range(2 * len(engine.tokenized[0]["prompt"].split())))
+        assert all(isinstance(p, list) and set(p) <= vocabulary for p in engine.prompts)
+        assert result["total_input_tokens"] == sum(len(p) for p in engine.prompts)  # exact, in the engine's tokens
+        assert len({len(p) for p in engine.prompts}) > 1 and len({tuple(p[:8]) for p in engine.prompts}) == 12
+    else:
+        assert all(isinstance(p, str) for p in engine.prompts)  # the twin's word rule

@@ -22,7 +22,7 @@ from batchtune.loadgen import (
     compact_summary,
     compute_result,
 )
-from batchtune.loadgen.prompts import count_text_tokens, make_prompt, tokens_for_words, words_for_tokens
+from batchtune.loadgen.prompts import Prompts, count_text_tokens, make_prompt, tokens_for_words, words_for_tokens
 from batchtune.loadgen.stats import percentile_key
 
 
@@ -233,3 +233,19 @@ def test_goodput_keys_are_vllms():
         parse_goodput("itl:50")
     with pytest.raises(ValueError, match="goodput_ms"):
         LoadSpec(goodput_ms=(("ttft", -1.0),))
+
+
+def test_prompts_from_an_engine_vocabulary_are_exact_and_never_share_a_prefix():
+    prompts = Prompts(list(range(100, 140)))
+    rng = random.Random(1)
+    drawn = [prompts.make(n, rng) for n in (1, 7, 300, 300)]
+    assert prompts.exact and [len(p) for p in drawn] == [1, 7, 300, 300]
+    assert all(set(p) <= set(range(100, 140)) for p in drawn) and drawn[2][:10] != drawn[3][:10]
+
+
+@pytest.mark.parametrize("vocabulary", [(), (1, 2, 3), (True, False, -1, -2, 1, 2, 3, 4, 5, 6), (1,) * 50],
+                         ids=["none", "too-few", "bools-and-negatives-are-no-ids", "one-id-many-times"])
+def test_too_small_a_vocabulary_falls_back_to_filler_words(vocabulary):
+    prompts = Prompts(vocabulary)
+    text = prompts.make(50, random.Random(1))
+    assert not prompts.exact and isinstance(text, str) and count_text_tokens(text) in (50, 51)

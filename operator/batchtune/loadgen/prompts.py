@@ -3,12 +3,15 @@
 The twin has no tokenizer: it counts a text prompt as `round(words * 1.3)` tokens (English text
 averages about 1.3 tokens per word with Llama-style tokenizers). The load generator sizes its
 prompts with the inverse rule, so a requested input length arrives within one token of itself.
-A prompt given as a list of token ids counts exactly.
+A prompt given as a list of token ids counts exactly: against a real engine, whose tokenizer splits
+filler words its own way, the load generator sends token ids drawn from what the engine's own
+`/tokenize` made of the filler words (`Prompts`), so a requested input length is exact there too.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 # Common short words; a seeded random draw keeps prompts distinct (no accidental prefix-cache hits).
 FILLER_WORDS = [
@@ -53,3 +56,25 @@ def make_prompt(num_tokens: int, rng: random.Random) -> str:
 def filler_token_text(index: int, seed: int = 0) -> str:
     """Deterministic text of the `index`-th generated token (a leading space, like BPE pieces)."""
     return " " + FILLER_WORDS[(index * 7 + seed * 13) % len(FILLER_WORDS)]
+
+
+MIN_VOCABULARY = 8
+"""Fewer distinct ids than this from /tokenize is no vocabulary to draw from (the text rule applies)."""
+
+
+class Prompts:
+    """Prompts of a requested token count: ids from the engine's own tokenizer when known, else filler words."""
+
+    def __init__(self, vocabulary: Sequence[int] = ()) -> None:
+        ids = sorted({int(i) for i in vocabulary if isinstance(i, int) and not isinstance(i, bool) and i >= 0})
+        self.vocabulary: tuple[int, ...] = tuple(ids) if len(ids) >= MIN_VOCABULARY else ()
+
+    @property
+    def exact(self) -> bool:
+        return bool(self.vocabulary)
+
+    def make(self, num_tokens: int, rng: random.Random) -> str | list[int]:
+        if self.vocabulary:
+            # Drawn independently per position: no two prompts share a prefix the cache could reuse.
+            return [rng.choice(self.vocabulary) for _ in range(max(1, num_tokens))]
+        return make_prompt(num_tokens, rng)

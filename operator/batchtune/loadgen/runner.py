@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from batchtune.core.workload import LengthDistribution
-from batchtune.loadgen.prompts import make_prompt
+from batchtune.loadgen.prompts import FILLER_WORDS, Prompts
 from batchtune.loadgen.stats import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
@@ -161,7 +161,7 @@ class _Tally:
             self.per_second[int(at - self.window_start)] += count
 
 
-def _payload(spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def _payload(spec: LoadSpec, model: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -267,6 +267,21 @@ async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: 
         await asyncio.sleep(0.2)
 
 
+async def engine_vocabulary(session: aiohttp.ClientSession, base_url: str, model: str) -> tuple[int, ...]:
+    """The ids the engine's tokenizer makes of the filler words (vLLM's POST /tokenize); () where it has none."""
+    body = {"model": model, "prompt": " ".join(FILLER_WORDS), "add_special_tokens": False}
+    try:
+        async with session.post(base_url + "/tokenize", json=body,
+                                timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status != 200:
+                return ()
+            answer = await resp.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return ()
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    return tuple(t for t in tokens if isinstance(t, int) and not isinstance(t, bool)) if isinstance(tokens, list) else ()
+
+
 async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the load and return the `vllm bench serve`-style result dict (setup and result keys)."""
     check_target(spec.base_url, spec.allow_non_loopback)
@@ -279,6 +294,8 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = spec.model or await first_model(session, base, spec.ready_timeout_s)
+        # Chat messages are text by the API; completions take token ids, exact on any tokenizer.
+        prompts = Prompts(() if chat else await engine_vocabulary(session, base, model))
         loop = asyncio.get_running_loop()
         started = loop.time()
         wall_offset = time.time() - started
@@ -291,7 +308,8 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         say(
             f"Started load on {url} model={model} input_len={spec.input_len} output_len={spec.output_len} "
             f"concurrency={spec.concurrency} request_rate={spec.request_rate} num_prompts={spec.num_prompts} "
-            f"duration={spec.duration_s}s warmup={spec.warmup_s}s time_scale={spec.time_scale}"
+            f"duration={spec.duration_s}s warmup={spec.warmup_s}s time_scale={spec.time_scale} "
+            f"prompts={'token ids from the engine' if prompts.exact else 'filler words'}"
         )
 
         sampler = LengthSampler(spec.input_len, spec.output_len, spec.range_ratio, spec.prompt_lengths,
@@ -307,7 +325,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
             issued += 1
             record = RequestRecord(sent_at=0.0, prompt_tokens=prompt_tokens)
             records.append(record)
-            return record, _payload(spec, model, make_prompt(prompt_tokens, rng), max_tokens)
+            return record, _payload(spec, model, prompts.make(prompt_tokens, rng), max_tokens)
 
         async def one(record: RequestRecord, body: dict[str, Any]) -> None:
             record.sent_at = loop.time()
