@@ -8,6 +8,7 @@ import importlib
 # Each module exposes add_parser(twin_subparsers).
 TWIN_COMMAND_MODULES = [
     "batchtune.twin.cli_predict",
+    "batchtune.twin.cli_calibrate",
     "batchtune.twin.cli_serve",
     "batchtune.twin.cli_vllm",
 ]

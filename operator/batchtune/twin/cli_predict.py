@@ -36,29 +36,40 @@ def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--duration", type=float, default=60.0, help="measured window in seconds (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--catalog", default=None, help="YAML file with extra GPUs/models")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a deployment's fitted parameters (`batchtune twin calibrate -o json`)")
     p.add_argument("-o", "--output", choices=("json", "table"), default="table")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from batchtune.cli.terminal import safe
     from batchtune.twin.catalog import UnknownGpu, UnknownModel, load_custom_catalog
+    from batchtune.twin.cli_calibrate import calibration_params, resolve
     from batchtune.twin.config import ServeConfig
     from batchtune.twin.predict import Workload, predict
 
+    params = None
     try:
         if args.catalog:
             load_custom_catalog(args.catalog)
+        model: object = args.model
+        gpu: object = args.gpu
+        if args.calibration:
+            params, _ = calibration_params(args.calibration, args.model, args.gpu)
+            if params.generic is not None:
+                model, gpu, _ = resolve(args.model, args.gpu, args.max_model_len)
         cfg = ServeConfig(
-            model=args.model, gpu=args.gpu, max_num_seqs=args.max_num_seqs,
+            model=model, gpu=gpu, max_num_seqs=args.max_num_seqs,  # type: ignore[arg-type]
             gpu_memory_utilization=args.gpu_memory_utilization, max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype,
-            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, model_id=args.model)
         workload = Workload(args.input_len, args.output_len, concurrency=args.concurrency, request_rate=args.rate,
                             length_dist=args.length_dist, num_prompts=args.num_prompts)
     except (UnknownGpu, UnknownModel, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {safe(exc)}", file=sys.stderr)
         return 2
-    prediction = predict(cfg, workload, args.duration, seed=args.seed)
+    prediction = predict(cfg, workload, args.duration, seed=args.seed, params=params)
     data = prediction.as_dict()
     if args.output == "json":
         print(json.dumps(data, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.memory import (
@@ -31,7 +31,10 @@ from batchtune.twin.memory import (
     plan_memory,
     weight_bytes,
 )
-from batchtune.twin.perf import FRONTEND_PER_PROMPT_TOKEN_S, FRONTEND_PER_REQUEST_S, StepCostModel
+from batchtune.twin.perf import StepCost, StepCostModel, nominal_params
+
+if TYPE_CHECKING:
+    from batchtune.twin.params import TwinParams
 
 __all__ = ["Engine", "StepOutcome", "TokenEvent", "RequestTooLong", "StartupFailure", "RuntimeOutOfMemory"]
 
@@ -104,14 +107,21 @@ class _Step(NamedTuple):
 
 
 class Engine:
-    """vLLM V1 engine core + GPU on a virtual or real clock. Raises StartupFailure if `cfg` cannot boot."""
+    """vLLM V1 engine core + GPU on a virtual or real clock. Raises StartupFailure if `cfg` cannot boot.
 
-    def __init__(self, cfg: ServeConfig, seed: int = 0, jitter: float = 0.0):
+    `params`: a deployment's own figures (`batchtune.twin.params`); None is the catalog's twin."""
+
+    def __init__(self, cfg: ServeConfig, seed: int = 0, jitter: float = 0.0, params: TwinParams | None = None):
         self.cfg = cfg
-        self.memory: MemoryPlan = plan_memory(cfg)
+        self.params = params = params or nominal_params()
+        self.memory: MemoryPlan = plan_memory(cfg, params)
         self.fb_used_mib: int = self.memory.fb_used_mib
         sizes = cudagraph_capture_sizes(cfg)
-        self._cost = StepCostModel.for_config(cfg, weight_bytes(cfg), max(sizes) if sizes else 0)
+        self._cost: StepCost = params.generic if params.generic is not None else \
+            StepCostModel.for_config(cfg, weight_bytes(cfg), max(sizes) if sizes else 0, params)
+        self._frontend_per_request = params.frontend_per_request_s
+        self._frontend_per_token = params.frontend_per_prompt_token_s
+        self._max_prefills = params.max_prefills_per_step
         self._rng = random.Random(seed)
         self._jitter = jitter
         self._block = cfg.block_size
@@ -146,7 +156,7 @@ class Engine:
     def _add(self, req: _Request) -> None:
         """Queue a validated request behind the API server's input processing (one FIFO CPU)."""
         start = req.arrival if req.arrival > self._frontend_free else self._frontend_free
-        req.ready = start + FRONTEND_PER_REQUEST_S + FRONTEND_PER_PROMPT_TOKEN_S * req.prompt
+        req.ready = start + self._frontend_per_request + self._frontend_per_token * req.prompt
         self._frontend_free = req.ready
         self._by_id[req.req_id] = req
         self.waiting.append(req)
@@ -213,6 +223,7 @@ class Engine:
         decode_tokens = 0
         kv_read = 0
         attn_qk = 0.0
+        prefilling = 0
 
         i = 0
         while i < len(running) and budget > 0:
@@ -251,12 +262,17 @@ class Engine:
                 prompt_tokens += num_new
                 kv_read += computed + num_new
                 attn_qk += num_new * (computed + num_new * 0.5)
+                prefilling += 1
             i += 1
 
         if not preempted:
             max_seqs = self._max_seqs
             chunked = self._chunked
+            max_prefills = self._max_prefills
             while waiting and budget > 0 and len(running) < max_seqs:
+                if max_prefills is not None and prefilling >= max_prefills:
+                    break
+                prefilling += 1
                 r = waiting[0]
                 if r.ready > now:
                     break  # still in the API server (tokenization, request setup)
@@ -291,7 +307,8 @@ class Engine:
         oom_at = self.memory.runtime_oom_tokens
         if oom_at is not None and num_tokens >= oom_at:
             raise RuntimeOutOfMemory(self.memory.runtime_oom_message(num_tokens))
-        duration, t_gpu, nbytes, flops = self._cost.step_time(num_tokens, len(scheduled), kv_read, attn_qk)
+        duration, t_gpu, nbytes, flops = self._cost.step_time(num_tokens, len(scheduled), kv_read, attn_qk,
+                                                              prompt_tokens)
         if self._jitter:
             duration *= max(0.2, 1.0 + self._rng.gauss(0.0, self._jitter))
         t_end = now + duration

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from batchtune.twin.catalog import GIB, MIB
 from batchtune.twin.config import ServeConfig
+
+if TYPE_CHECKING:
+    from batchtune.twin.params import TwinParams
 
 CUDA_CONTEXT_GIB = 0.5
 """CUDA context + cuBLAS workspace, allocated before vLLM measures free memory (outside the budget)."""
@@ -189,9 +193,17 @@ def kv_blocks(cfg: ServeConfig, kv_bytes: float) -> int:
     return num_blocks
 
 
-def plan_memory(cfg: ServeConfig) -> MemoryPlan:
-    """The memory plan vLLM would arrive at for `cfg`, or StartupFailure with vLLM's message."""
+def plan_memory(cfg: ServeConfig, params: TwinParams | None = None) -> MemoryPlan:
+    """The memory plan vLLM would arrive at for `cfg`, or StartupFailure with vLLM's message.
+
+    `params` (a deployment's fitted or hidden figures) shifts the memory outside the KV pool, scales
+    the activation peak and the runtime-OOM rule, or replaces the pool by a measured one."""
+    from batchtune.twin.perf import nominal_params
+
+    params = params or nominal_params()
     check_config(cfg)
+    if params.generic is not None:
+        return _plan_generic(cfg, params)
     if cfg.gpu.is_cpu:
         return _plan_cpu_memory(cfg)
     total = cfg.gpu.memory_gib * GIB
@@ -208,8 +220,9 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
             f"CUDA out of memory. Tried to allocate {min(weights, 2 * GIB) / MIB:.2f} MiB. GPU 0 has a total "
             f"capacity of {total / GIB:.2f} GiB of which {0.0:.2f} MiB is free. (while loading model weights of "
             f"{weights / GIB:.2f} GiB)", exc_type="torch.OutOfMemoryError")
-    activation = activation_bytes(cfg, cfg.max_num_batched_tokens, cfg.max_num_seqs)
-    non_torch = (NON_TORCH_GIB + (NCCL_GIB if cfg.tensor_parallel_size > 1 else 0.0)) * GIB
+    activation = activation_bytes(cfg, cfg.max_num_batched_tokens, cfg.max_num_seqs) * params.activation_scale
+    non_torch = (NON_TORCH_GIB + (NCCL_GIB if cfg.tensor_parallel_size > 1 else 0.0)
+                 + params.memory_offset_gib) * GIB
     sizes = cudagraph_capture_sizes(cfg)
     cudagraph = len(sizes) * cfg.model.num_layers * CUDAGRAPH_MIB_PER_SIZE_LAYER * MIB
     available = requested - weights - activation - non_torch - cudagraph
@@ -219,6 +232,8 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
             "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite "
             f"its name). See {DOCS_URL} for more details.")
     kv_per_token = cfg.kv_bytes_per_token
+    if params.kv_pool_tokens is not None:
+        available = float(params.kv_pool_tokens * kv_per_token)
     num_blocks = kv_blocks(cfg, available)
     kv_tokens = num_blocks * cfg.block_size
     fb_used = CUDA_CONTEXT_GIB * GIB + requested
@@ -237,8 +252,26 @@ def plan_memory(cfg: ServeConfig) -> MemoryPlan:
         max_model_len=cfg.max_model_len,
         max_concurrency_at_max_len=kv_tokens / cfg.max_model_len,
         fb_used_mib=int(min(fb_used, total) / MIB),
-        runtime_oom_tokens=_runtime_oom_tokens(cfg, total, fb_used),
+        runtime_oom_tokens=_runtime_oom_tokens(cfg, total, fb_used, params),
     )
+
+
+GENERIC_KV_POOL_TOKENS = 1 << 24
+"""A generic model's pool when none was measured: large enough never to bind (its memory is unknown)."""
+
+
+def _plan_generic(cfg: ServeConfig, params: TwinParams) -> MemoryPlan:
+    """No architecture to size memory with: the measured pool, or one that never binds; no memory failures."""
+    tokens = params.kv_pool_tokens or GENERIC_KV_POOL_TOKENS
+    blocks = max(1, tokens // cfg.block_size)
+    total = cfg.gpu.memory_gib * GIB
+    requested = total * cfg.gpu_memory_utilization
+    return MemoryPlan(
+        total_gib=total / GIB, requested_gib=requested / GIB, weights_gib=0.0, activation_gib=0.0,
+        non_torch_gib=0.0, cudagraph_gib=0.0, kv_cache_gib=0.0, kv_bytes_per_token=cfg.kv_bytes_per_token,
+        block_size=cfg.block_size, num_gpu_blocks=blocks, kv_cache_tokens=blocks * cfg.block_size,
+        max_model_len=cfg.max_model_len, max_concurrency_at_max_len=blocks * cfg.block_size / cfg.max_model_len,
+        fb_used_mib=int(min(requested + CUDA_CONTEXT_GIB * GIB, total) / MIB), runtime_oom_tokens=None)
 
 
 def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
@@ -289,12 +322,13 @@ def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
     )
 
 
-def _runtime_oom_tokens(cfg: ServeConfig, total: float, fb_used: float) -> int | None:
+def _runtime_oom_tokens(cfg: ServeConfig, total: float, fb_used: float, params: TwinParams) -> int | None:
     """Runtime-OOM rule: a step of T tokens needs RUNTIME_FIXED + RUNTIME_FRAGMENT x activation(T) beyond
     the profiled budget; it fails when that exceeds the memory left outside the budget (total - used)."""
     headroom = total - fb_used
-    per_token = activation_bytes(cfg, 1, 0) * RUNTIME_FRAGMENT_FRACTION
-    fixed = RUNTIME_FIXED_GIB * GIB + activation_bytes(cfg, 0, cfg.max_num_seqs) * RUNTIME_FRAGMENT_FRACTION
+    fraction = params.runtime_fragment_fraction * params.activation_scale
+    per_token = activation_bytes(cfg, 1, 0) * fraction
+    fixed = params.runtime_fixed_gib * GIB + activation_bytes(cfg, 0, cfg.max_num_seqs) * fraction
     if fixed + per_token * cfg.max_num_batched_tokens <= headroom:
         return None
     return max(1, math.ceil((headroom - fixed) / per_token))

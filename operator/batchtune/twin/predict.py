@@ -14,14 +14,16 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.engine import Engine, _Request
 from batchtune.twin.memory import MemoryPlan, RuntimeOutOfMemory, StartupFailure
-from batchtune.twin.perf import FIRST_CHUNK_PATH_S
+
+if TYPE_CHECKING:
+    from batchtune.twin.params import TwinParams
 
 LengthDist = Literal["fixed", "uniform", "exponential"]
 PERCENTILES = (50, 90, 95, 99)
@@ -148,17 +150,18 @@ def _summary(name: str, values: Any, out: dict[str, Any]) -> None:
 
 
 def predict(cfg: ServeConfig, workload: Workload, duration_s: float, seed: int = 0,
-            noise: float = 0.0) -> Prediction:
+            noise: float = 0.0, params: TwinParams | None = None) -> Prediction:
     """Simulate `workload` against `cfg` and return `vllm bench serve`-style metrics.
 
     `duration_s` is the measured window (after warm-up); with `workload.num_prompts` it is a cap on
     the simulated run. `noise` (e.g. 0.03) multiplies each metric family by a seeded factor
-    1 + noise*N(0,1), standing in for run-to-run measurement noise.
+    1 + noise*N(0,1), standing in for run-to-run measurement noise. `params`: a deployment's own
+    figures (`batchtune.twin.params`, e.g. fitted by `batchtune.twin.fit`); None is the catalog's twin.
     """
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     try:
-        engine = Engine(cfg, seed=seed)
+        engine = Engine(cfg, seed=seed, params=params)
     except StartupFailure as exc:
         return Prediction(cfg, workload, startup_error=str(exc))
     sim = _Simulation(engine, workload, duration_s, seed)
@@ -211,6 +214,8 @@ class _Simulation:
         self.power_busy = 0.0
         self.preemptions = 0
         self.max_running = 0
+        self.running_time = 0.0
+        self.path_s = engine.params.response_path_s
         self.window_start = 0.0
         self.window_end = math.inf
 
@@ -300,6 +305,7 @@ class _Simulation:
         n_running = len(self.engine.running) + len(step.finished)
         if n_running > self.max_running:
             self.max_running = n_running
+        self.running_time += n_running * d
         sm, _, _, _, power = cost.signals(d, step.t_gpu, step.nbytes, step.flops)
         self.sm_active += sm * d
         self.power_busy += power * d
@@ -314,11 +320,11 @@ class _Simulation:
         t_end = step.t_end
         for r in step.emitted:
             if r.output == 1:
-                self.ttft.append(t_end - r.arrival + FIRST_CHUNK_PATH_S)
+                self.ttft.append(t_end - r.arrival + self.path_s)
         for r in step.finished:
             self.completed += 1
             self.completed_input += r.prompt
-            self.e2el.append(t_end - r.arrival + FIRST_CHUNK_PATH_S)
+            self.e2el.append(t_end - r.arrival + self.path_s)
             if r.output > 1:
                 self.tpot.append((t_end - r.t_first) / (r.output - 1))
 
@@ -336,6 +342,7 @@ class _Simulation:
             "output_throughput": self.output_tokens / span,
             "total_token_throughput": (self.output_tokens + self.completed_input) / span,
             "max_concurrent_requests": self.max_running,
+            "mean_running_requests": self.running_time / span,
         }
         _summary("ttft", self.ttft, out)
         _summary("tpot", self.tpot, out)
