@@ -97,6 +97,10 @@ def run_result(prometheus: Mapping[str, float | None], summary: Mapping[str, Any
             number = _number(summary.get(key))
             if number is not None:
                 values[metric] = number
+        for ours, stem in ((M.TTFT_MEAN_MS, "ttft"), (M.ITL_MEAN_MS, "itl")):
+            client = _number(summary.get(f"mean_{stem}_ms"))
+            if client is not None:
+                values[ours] = client  # the load generator's exact mean, as for the percentiles
         for ours, histogram_key, stem in CLIENT_LATENCIES:
             client = _number(summary.get(f"p{percentile}_{stem}_ms"))
             if client is None:

@@ -10,7 +10,24 @@ from types import MappingProxyType
 from batchtune.core.settings import Setting
 from batchtune.core.vocabulary import FINISHED_TRIAL_STATES, MEMORY_REASONS, Reason, TrialState, Verdict
 
-__all__ = ["MEMORY_REASONS", "History", "HistoryEntry", "Reason", "TrialOutcome", "TrialState", "Verdict"]
+__all__ = ["MEMORY_REASONS", "History", "HistoryEntry", "Reason", "StepObservation", "TrialOutcome", "TrialState",
+           "Verdict"]
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """One closed load step of a trial: what a calibration learns from."""
+
+    load: int
+    """Concurrent requests, or requests per minute (open loop)."""
+    metrics: Mapping[str, float]
+    verdict: Verdict = Verdict.UNKNOWN
+    margin: float | None = None
+    """Worst relative SLO margin (negative: exceeded)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+        object.__setattr__(self, "verdict", Verdict(self.verdict))
 
 
 @dataclass(frozen=True)
@@ -25,9 +42,12 @@ class TrialOutcome:
     reason: str = ""
     """A `Reason` (for Infeasible: the memory reasons the strategies prune on, when known)."""
     message: str = ""
+    steps: tuple[StepObservation, ...] = ()
+    """The trial's load steps in order (empty when it never ran load)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", TrialState(self.state))
+        object.__setattr__(self, "steps", tuple(self.steps))
         if self.state not in FINISHED_TRIAL_STATES:
             raise ValueError(f"a trial outcome is Done, Infeasible or Failed, not {self.state.value}")
         object.__setattr__(self, "verdict", Verdict(self.verdict))

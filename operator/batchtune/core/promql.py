@@ -253,6 +253,8 @@ def trial_queries(ctx: QueryContext, namespace: str, pod: str, model: str | None
         M.ITL_MS: histogram_quantile(c("inter_token_latency"), q, engine, window_s, 1000),
         M.E2E_MS: histogram_quantile(c("e2e_request_latency"), q, engine, window_s, 1000),
         M.QUEUE_MS: histogram_quantile(c("request_queue_time"), q, engine, window_s, 1000),
+        M.TTFT_MEAN_MS: histogram_mean(c("time_to_first_token"), engine, window_s, 1000),
+        M.ITL_MEAN_MS: histogram_mean(c("inter_token_latency"), engine, window_s, 1000),
         M.REQUEST_THROUGHPUT: counter_rate(c("request_success"), engine, window_s),
         M.OUTPUT_THROUGHPUT: counter_rate(c("generation_tokens"), engine, window_s),
         M.PROMPT_THROUGHPUT: counter_rate(c("prompt_tokens"), engine, window_s),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from batchtune.core.objective import Objective, objective_value
-from batchtune.core.outcomes import TrialOutcome
+from batchtune.core.outcomes import StepObservation, TrialOutcome
 from batchtune.core.settings import Setting
 from batchtune.core.slo import SloTargets, evaluate_slo
 from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
@@ -32,7 +32,7 @@ MAX_LENGTHENING = 4
 
 # Worst case over repeats: the highest latency/error/queue, the lowest throughput, the mean of the rest.
 HIGHER_IS_WORSE = frozenset({
-    M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.QUEUE_MS, M.ERROR_RATE_PERCENT, M.PREEMPTIONS_PER_SECOND,
+    M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.QUEUE_MS, M.TTFT_MEAN_MS, M.ITL_MEAN_MS, M.ERROR_RATE_PERCENT, M.PREEMPTIONS_PER_SECOND,
     M.KV_CACHE_USAGE_PERCENT, M.KV_CACHE_USAGE_MAX_PERCENT, M.WAITING_REQUESTS, M.WAITING_GROWTH,
     M.IN_FLIGHT, M.TTFT_HISTOGRAM_MS, M.ITL_HISTOGRAM_MS, M.E2E_HISTOGRAM_MS,
 })
@@ -124,11 +124,13 @@ class Conclusion:
     reason: Reason
     message: str
     steps: int = 0
+    observations: tuple[StepObservation, ...] = ()
+    """Every closed step (load, metrics, verdict): what a twin calibrates on."""
 
     def outcome(self, objective: Objective) -> TrialOutcome:
         """What the search learns from this trial."""
         return TrialOutcome(TrialState.DONE, self.verdict, objective_value(objective, self.metrics),
-                            self.metrics, self.reason.value, self.message)
+                            self.metrics, self.reason.value, self.message, self.observations)
 
 
 @dataclass(frozen=True)
@@ -217,9 +219,13 @@ def longer_run(metrics: Mapping[str, float], seconds: int, base_seconds: int, sl
 # ---- the next step ---------------------------------------------------------------------------
 
 
-def capacity_start(setting: Setting, neighbours: Sequence[Neighbour], config: ProtocolConfig) -> int:
-    """Warm start: the nearest finished trial's capacity load, scaled to this trial's max-num-seqs."""
+def capacity_start(setting: Setting, neighbours: Sequence[Neighbour], config: ProtocolConfig,
+                   predicted: int | None = None) -> int:
+    """Warm start: the capacity a twin predicted for this setting, else the nearest finished trial's capacity
+    load, scaled to this trial's max-num-seqs."""
     seqs = setting.max_num_seqs
+    if predicted is not None and predicted >= 1:
+        return predicted
     if neighbours:
         nearest = min(neighbours, key=lambda n: (abs(math.log2(n.setting.max_num_seqs / seqs)),
                                                   n.setting.max_num_seqs))
@@ -238,15 +244,17 @@ def capacity_ceiling(setting: Setting, config: ProtocolConfig) -> int:
 
 
 def next_load(steps: Sequence[StepResult], setting: Setting, neighbours: Sequence[Neighbour],
-              config: ProtocolConfig) -> int | None:
-    """The load of the trial's next step, or None when the trial is measured enough to conclude."""
+              config: ProtocolConfig, predicted: int | None = None) -> int | None:
+    """The load of the trial's next step, or None when the trial is measured enough to conclude.
+
+    `predicted`: a twin's predicted capacity for this setting, where the search starts."""
     if not config.searches_capacity:
         if steps:
             return None
         if config.fixed_load is not None:
             return config.fixed_load
         return setting.max_num_seqs
-    bounds = SearchBounds(start=capacity_start(setting, neighbours, config),
+    bounds = SearchBounds(start=capacity_start(setting, neighbours, config, predicted),
                           highest=capacity_ceiling(setting, config), max_steps=config.max_steps,
                           resolution=config.resolution)
     return search_next(steps, bounds)
@@ -322,6 +330,14 @@ def _clamp(load: int, bounds: SearchBounds) -> int:
 
 def conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion:
     """The trial's metrics and verdict from its closed steps."""
+    conclusion = _conclude(steps, config)
+    observed = tuple(StepObservation(s.load, s.metrics, s.verdict, s.margin if math.isfinite(s.margin) else None)
+                     for s in steps)
+    return Conclusion(conclusion.metrics, conclusion.verdict, conclusion.verdict_reason, conclusion.reason,
+                      conclusion.message, conclusion.steps, observed)
+
+
+def _conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion:
     if not steps:
         return Conclusion({}, Verdict.UNKNOWN, "no load step was measured", Reason.NOT_MEASURED,
                           "no load step was measured")
@@ -392,9 +408,11 @@ class TrialDriver:
     config: ProtocolConfig
     neighbours: Sequence[Neighbour] = ()
     steps: list[StepResult] = field(default_factory=list)
+    predicted: int | None = None
+    """A twin's predicted capacity load, where the search starts."""
 
     def next_load(self) -> int | None:
-        return next_load(self.steps, self.setting, self.neighbours, self.config)
+        return next_load(self.steps, self.setting, self.neighbours, self.config, self.predicted)
 
     def record(self, load: int, runs: Sequence[RunResult]) -> StepResult:
         step = close_step(load, runs, self.config)
