@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from batchtune.core.guidance import TwinAdvice
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome
 from batchtune.core.planning import Invariant, PrunedSetting, SearchSpace, plan_candidates
@@ -38,12 +39,22 @@ class Search:
 
     @classmethod
     def start(cls, kind: str, space: SearchSpace, invariant: Invariant | None, pruned: Sequence[PrunedSetting],
-              slo: SloTargets, objective: Objective | str, seed: int, max_trials: int) -> Search:
+              slo: SloTargets, objective: Objective | str, seed: int, max_trials: int,
+              advice: TwinAdvice | None = None) -> Search:
+        """`advice`: the calibrated twin's for this history (TwinGuided; see `core.guidance`)."""
         plan = plan_candidates(space, invariant)
         learned = learned_from_pruned(pruned, set(plan.candidates))
-        strategy = make_strategy(kind, plan, slo, objective, seed, max_trials + len(learned))
+        strategy = make_strategy(kind, plan, slo, objective, seed, max_trials + len(learned), advice)
         return cls(strategy, tuple(learned))
 
     def ask(self, history: Sequence[HistoryEntry], pending: Collection[Setting] = ()) -> Setting | None:
         """The next setting to try, or None (with pending trials: wait for them; without: the search is over)."""
-        return self.strategy.ask(list(self.learned) + list(history), pending)
+        return self.strategy.ask(self.history(history), pending)
+
+    def history(self, history: Sequence[HistoryEntry]) -> list[HistoryEntry]:
+        """What the strategy sees: the prefilter's lessons, then the trials."""
+        return list(self.learned) + list(history)
+
+    @property
+    def candidates(self) -> tuple[Setting, ...]:
+        return tuple(self.strategy.plan.candidates)
