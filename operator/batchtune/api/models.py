@@ -60,6 +60,8 @@ class StrategyType(StrEnum):
     """Bracketing and bisection on maxNumSeqs, exploiting that latency grows with it."""
     BAYESIAN = "Bayesian"
     """Optuna's sampler over the search space."""
+    TWIN_GUIDED = "TwinGuided"
+    """The twin calibrated on a real trial ranks every candidate; the best are confirmed on real trials."""
 
 
 ObjectiveType = Objective
@@ -298,7 +300,8 @@ class StrategySpec(_Spec):
     """How trials are chosen."""
 
     type: StrategyType = StrategyType.ADAPTIVE
-    """Grid (exhaustive), Adaptive (bracketing/bisection on maxNumSeqs) or Bayesian (Optuna)."""
+    """Grid (exhaustive), Adaptive (bracketing/bisection on maxNumSeqs), Bayesian (Optuna) or TwinGuided (the
+    twin calibrated on real trials searches every candidate; its best are confirmed on real trials)."""
     max_trials: Annotated[Int, Field(ge=1, le=256)] = 12
     """Most trials run (repeats of one setting count once)."""
     max_parallel_trials: Annotated[Int, Field(ge=1, le=16)] = 1
@@ -754,6 +757,23 @@ class LoadStepRecord(_Status):
     """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
 
 
+class TrialPrediction(_Status):
+    """The twin's prediction for a trial, and how its first step (run at the predicted capacity) compared."""
+
+    objective: Annotated[float, Field(ge=0)]
+    """Predicted objective (the objective's unit; sloCapacity: requests per second)."""
+    capacity_load: Annotated[int, Field(ge=1)] | None = None
+    """Predicted capacity: the load the trial's search starts at (concurrent requests, or requests per minute)."""
+    metrics: Metrics = Field(default_factory=dict)
+    """Predicted figures at that load (status metric keys, latencies at the SLO percentile)."""
+    simulated: bool = False
+    """The event simulation confirmed it (else the fast path's estimate)."""
+    agrees: bool | None = None
+    """Whether the first step's figures fell within tolerance of the prediction; unset until measured."""
+    comparison: str | None = None
+    """The figure furthest from its prediction, relative to its tolerance."""
+
+
 class TrialRecord(_Status):
     """One trial: a setting, its progress and what it measured."""
 
@@ -792,6 +812,8 @@ class TrialRecord(_Status):
     current: bool | None = None
     """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
     from it, the engine's defaults filled in)."""
+    prediction: TrialPrediction | None = None
+    """What the calibrated twin predicted for this trial when it was started (strategy TwinGuided)."""
 
     @property
     def finished(self) -> bool:
@@ -1084,6 +1106,50 @@ class RetuneRecord(_Status):
     """The last check's drift: promptShiftPercent, outputShiftPercent (KS distance), peakChangePercent."""
     message: Annotated[str, Field(max_length=1000)] | None = None
     """The last check in words (a drift below its thresholds, too little data, ...)."""
+class TwinPredictionRecord(_Status):
+    """One candidate as the calibrated twin ranks it."""
+
+    setting: Setting
+    """The candidate."""
+    objective: Annotated[float, Field(ge=0)]
+    """Predicted objective."""
+    capacity_load: Annotated[int, Field(ge=1)] | None = None
+    """Predicted capacity load (concurrent requests, or requests per minute)."""
+    metrics: Metrics = Field(default_factory=dict)
+    """Predicted figures at that load."""
+    simulated: bool = False
+    """The event simulation confirmed it (else the fast path's estimate)."""
+
+
+class TwinRecord(_Status):
+    """The calibrated twin behind strategy TwinGuided: its verdict, its fit and its ranking."""
+
+    basis: str
+    """Fingerprint of the measured trials the twin was calibrated on (a new finished trial recalibrates it)."""
+    available: bool = True
+    """False: no twin for this deployment (engine, model or GPU unknown to it); the strategy measures."""
+    verdict: str | None = None
+    """Trusted, Untrusted (residuals beyond tolerance), Nominal (nothing measured yet) or Unavailable."""
+    reason: str | None = None
+    """Why, in words (the largest residual against its tolerance)."""
+    mode: str | None = None
+    """What the next trial is for: calibrate, confirm, or measure (the twin is not trusted: Adaptive decides)."""
+    calibration_setting: Setting | None = None
+    """The first trial's setting: the catalog twin's best candidate."""
+    parameters: Metrics = Field(default_factory=dict)
+    """Fitted deployment parameters that differ from the catalog's (bwScale, stepOverheadS, ...)."""
+    observations: Annotated[int, Field(ge=0)] = 0
+    """Load steps the calibration was fitted on."""
+    worst_residual_percent: float | None = None
+    """The calibration's largest residual (event simulation against measurement), percent."""
+    ranked: Annotated[int, Field(ge=0)] = 0
+    """Candidates the twin ranked (those that start, do not run out of memory and hold the SLO somewhere)."""
+    predictions: Annotated[list[TwinPredictionRecord], Field(max_length=40)] = Field(default_factory=list)
+    """The best candidates and the measured ones, best first (what the strategy is asked with)."""
+    search_seconds: float | None = None
+    """Wall time of the calibration and the search."""
+    notes: Annotated[list[str], Field(max_length=10)] = Field(default_factory=list)
+    """Calibration notes (e.g. the memory outside the KV pool the measured pool implies)."""
 
 
 class BatchTuningStatus(_Status):
@@ -1129,6 +1195,8 @@ class BatchTuningStatus(_Status):
     """The last rounds, oldest first (spec.retune)."""
     retune: RetuneRecord | None = None
     """The watch for the next round (spec.retune)."""
+    twin: TwinRecord | None = None
+    """The calibrated twin guiding the search (strategy TwinGuided)."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""

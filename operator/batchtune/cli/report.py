@@ -59,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     notes = st.trial_notes(bt)
     if notes.plain:
         console.print(notes)
+    twin = st.twin_table(bt)  # TwinGuided: predicted against measured
+    if twin is not None:
+        console.print()
+        console.print(twin)
     made = st.decision(bt)
     if made.plain:
         console.print()

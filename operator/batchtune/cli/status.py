@@ -485,9 +485,65 @@ def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
         parts.append(notes)
     if (bt.get("status") or {}).get("conditions"):
         parts += [Text(""), conditions_table(bt, now)]
+    twin = twin_table(bt)
+    if twin is not None:
+        parts += [Text(""), twin]
     made = decision(bt)
     if made.plain:
         parts += [Text(""), made]
     if (bt.get("status") or {}).get("rounds"):
         parts += [Text(""), rounds_block(bt, now)]
     return Group(*parts)
+
+
+def twin_table(bt: Mapping[str, Any]) -> Any | None:
+    """Strategy TwinGuided: the twin's verdict and, per trial it predicted, predicted against measured."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    bt = clean(bt)
+    status = bt.get("status") or {}
+    twin = status.get("twin")
+    if not isinstance(twin, dict):
+        return None
+    unit = "tok/s" if ((bt.get("spec") or {}).get("objective") or {}).get("type") == "OutputThroughput" else "req/s"
+    verdict = safe(twin.get("verdict") or "-")
+    head = Text.assemble(("Twin ", "bold"), (verdict, "green" if verdict in ("Trusted", "Nominal") else "red"),
+                         f"  next trial: {safe(twin.get('mode') or '-')}",
+                         f"  calibrated on {_count(twin.get('observations'))} load step(s)",
+                         f"  {_count(twin.get('ranked'))} candidates ranked in {fmt(twin.get('searchSeconds'), 1)} s")
+    lines: list[Any] = [head]
+    if twin.get("reason"):
+        lines.append(text(f"  {twin['reason']}", "dim"))
+    parameters = twin.get("parameters") or {}
+    if parameters:
+        lines.append(text("  fitted: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                                                   for k, v in parameters.items()), "dim"))
+    table = Table(title="Predicted against measured", title_justify="left", header_style="bold", pad_edge=False)
+    for column in ("#", "setting", f"predicted {unit}", f"measured {unit}", f"recalibrated {unit}", "predicted load",
+                   "first step load", "agrees"):
+        table.add_column(column, justify="left" if column in ("setting", "agrees") else "right")
+    table.add_column("furthest from its prediction", overflow="fold", max_width=70)
+    now_predicted = {str(p.get("setting")): p.get("objective") for p in twin.get("predictions") or []
+                     if isinstance(p, dict)}
+    rows = 0
+    for trial in sorted(status.get("trials") or [], key=_index):
+        prediction = trial.get("prediction")
+        if not isinstance(prediction, dict):
+            continue
+        metrics = trial.get("metrics") or {}
+        measured = metrics.get("sloCapacity") if unit == "req/s" else metrics.get("outputThroughput")
+        steps = trial.get("steps") or []
+        first = steps[0].get("load") if steps and isinstance(steps[0], dict) else None
+        agrees = prediction.get("agrees")
+        table.add_row(text(trial.get("index", "")), text(setting_label(trial.get("setting"))),
+                      fmt(prediction.get("objective"), 2), fmt(measured, 2),
+                      fmt(now_predicted.get(str(trial.get("setting"))), 2), fmt(prediction.get("capacityLoad")),
+                      fmt(first), text("-" if agrees is None else ("yes" if agrees else "no"),
+                                       "" if agrees is None else ("green" if agrees else "red")),
+                      text(prediction.get("comparison") or ""))
+        rows += 1
+    if rows:
+        lines.append(table)
+    return Group(*lines)

@@ -16,6 +16,7 @@ import kopf
 
 from batchtune import API_GROUP, API_VERSION, PLURAL
 from batchtune.controller import kube, retune, telemetry
+from batchtune.controller.guidance import TwinWorker
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Install, Ports
 from batchtune.controller.prometheus import PrometheusReader
@@ -90,6 +91,7 @@ def http_errors(conventions: Any) -> Any:
 
 INSTALL = install_from_env()
 REPORTS = ReportQueue()
+TWIN = TwinWorker()
 METRICS = PrometheusMetrics()
 
 
@@ -164,7 +166,7 @@ def _indexes(kwargs: dict[str, Any]) -> Indexes:
 
 
 def ports(kwargs: dict[str, Any]) -> Ports:
-    return Ports(KubeCluster(_indexes(kwargs), INSTALL.secret_label), METRICS, REPORTS, INSTALL, ENGINES)
+    return Ports(KubeCluster(_indexes(kwargs), INSTALL.secret_label), METRICS, REPORTS, INSTALL, ENGINES, TWIN)
 
 
 def tuning(body: kopf.Body) -> Tuning:

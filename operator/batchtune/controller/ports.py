@@ -6,7 +6,7 @@ The loop (`reconcile.py`) only sequences these and the core's decisions. `kube.p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -109,6 +109,20 @@ class Reports(Protocol):
         """Queue the report ConfigMap (tables now, curves image off the reconcile path)."""
 
 
+class Twin(Protocol):
+    def advise(self, key: str, compute: Callable[[], Any]) -> Any | None:
+        """The result of `compute` for `key` when it is ready, else None: it is computed off the reconcile
+        path (a later tick asks again with the same key and gets it). `key` names the tuning and the history
+        the advice is for; a newer key for the same tuning replaces an older one."""
+
+
+class InlineTwin:
+    """`Twin` that computes on the spot (tests, and the CLI): deterministic, on the caller's thread."""
+
+    def advise(self, key: str, compute: Callable[[], Any]) -> Any | None:
+        return compute()
+
+
 @dataclass(frozen=True)
 class Install:
     """What the operator's install allows a BatchTuning (Helm values, passed as flags or environment)."""
@@ -137,3 +151,5 @@ class Ports:
     reports: Reports
     install: Install
     engines: Sequence[Engine] = ()
+    twin: Twin = field(default_factory=InlineTwin)
+    """Where TwinGuided's advice is computed (the operator: a background worker)."""

@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialRecord, WorkloadRecord
+from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialPrediction, TrialRecord, WorkloadRecord
 from batchtune.api.models import BatchTuningSpec
+from batchtune.controller import guidance
 from batchtune.controller.ports import Owned
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import measurement, protocol
 from batchtune.core.gpus import container_gpus, eligible_nodes, node_usage, trials_that_fit
+from batchtune.core.guidance import TwinAdvice
 from batchtune.core.manifests import (
     LoadProfile,
     build_bench_job,
@@ -29,7 +31,7 @@ from batchtune.core.manifests import (
     trial_name,
 )
 from batchtune.core.objective import Objective, objective_value
-from batchtune.core.outcomes import HistoryEntry, TrialOutcome
+from batchtune.core.outcomes import HistoryEntry, StepObservation, TrialOutcome
 from batchtune.core.planning import EngineLimits, SearchSpace
 from batchtune.core.planning import PrunedSetting as CorePruned
 from batchtune.core.pods import TrialFailure, classify_pod, log_wanted, pod_is_ready
@@ -39,7 +41,7 @@ from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import MIN_SAMPLES, SloTargets
-from batchtune.core.vocabulary import M, Phase, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import bucket_text
 
 SAMPLES_FLOOR = 2 * MIN_SAMPLES
@@ -110,8 +112,11 @@ def close(step: LoadStepRecord, config: ProtocolConfig) -> None:
 
 def outcome_of(trial: TrialRecord, objective: Objective) -> TrialOutcome:
     metrics = dict(trial.metrics or {})
+    steps = tuple(StepObservation(s.load, dict(s.metrics or {}), Verdict(s.verdict), s.margin)
+                  for s in trial.steps if s.verdict is not None)
     return TrialOutcome(TrialState(trial.state), Verdict(trial.verdict or Verdict.UNKNOWN),
-                        objective_value(objective, metrics), metrics, str(trial.reason or ""), trial.message or "")
+                        objective_value(objective, metrics), metrics, str(trial.reason or ""), trial.message or "",
+                        steps)
 
 
 def history(trials: list[TrialRecord], objective: Objective,
@@ -134,8 +139,10 @@ def history(trials: list[TrialRecord], objective: Objective,
     return done, pending
 
 
-def search(tick: Tick) -> Search:
-    """The strategy rebuilt from spec and status alone (pure), so a restarted operator asks the same."""
+def search(tick: Tick, advice: TwinAdvice | None = None) -> Search:
+    """The strategy rebuilt from spec and status alone (pure), so a restarted operator asks the same.
+
+    `advice`: the calibrated twin's, as status holds it (strategy TwinGuided)."""
     assert tick.spec is not None and tick.status.plan is not None
     engine = tick.engine_named(tick.status.baseline.engine if tick.status.baseline else None)
     limits_record = tick.status.plan.engine_limits
@@ -145,7 +152,8 @@ def search(tick: Tick) -> Search:
                          Reason(p.memory_reason) if p.memory_reason else None) for p in tick.status.pruned]
     return Search.start(tick.spec.strategy.type.value, SearchSpace.from_spec(tick.spec.search_space),
                         lambda s: engine.invariant_violation(s, limits), pruned, tick.slo(),
-                        Objective(tick.spec.objective.type), tick.spec.strategy.seed, tick.spec.strategy.max_trials)
+                        Objective(tick.spec.objective.type), tick.spec.strategy.seed, tick.spec.strategy.max_trials,
+                        advice)
 
 
 def gpu_minutes(trials: list[TrialRecord], now: datetime) -> float:
@@ -243,21 +251,35 @@ def launch(tick: Tick, target: Target, owned: Owned) -> bool:
     objective = Objective(tick.spec.objective.type)
     the_search = search(tick)
     as_candidate = current_is_candidate(tick, target)
+    advice = None
     for _ in range(slots):
         done, pending = history(trials_, objective, as_candidate)
+        if tick.spec.strategy.type.value == guidance.KIND:
+            advice = guidance.advice(tick, target, the_search, done)
+            if advice is None:
+                return False  # the twin is calibrating and searching; a later tick asks again
+            the_search = search(tick, advice)
         setting = the_search.ask(done, pending)
         if setting is None:
             return not pending
-        start_trial(tick, setting, per_trial)
+        trial = start_trial(tick, setting, per_trial,
+                            prediction=guidance.prediction(advice, setting) if advice is not None else None)
+        progressing = tick.status.condition(ConditionType.PROGRESSING)
+        if progressing is not None and progressing.reason == Reason.TWIN_SEARCHING:
+            tick.condition(ConditionType.PROGRESSING, True, Reason.TRIAL_STARTED, f"Trial {trial.name}: {setting.label()}")
     return False
 
 
-def start_trial(tick: Tick, setting: CoreSetting, gpus: int, current: bool = False) -> TrialRecord:
-    """The intent of a trial, in status: its Deployment is created on the next tick, after this is written."""
+def start_trial(tick: Tick, setting: CoreSetting, gpus: int, current: bool = False,
+                prediction: TrialPrediction | None = None) -> TrialRecord:
+    """The intent of a trial, in status: its Deployment is created on the next tick, after this is written.
+
+    `prediction`: what the calibrated twin predicted for it (strategy TwinGuided)."""
     index = tick.status.next_trial_index
     tick.status.next_trial_index = index + 1
     trial = TrialRecord(index=index, name=trial_name(tick.tuning.name, index), setting=Setting.of(setting),
-                        state=TrialState.DEPLOYING, started_at=tick.now, gpus=gpus, current=True if current else None)
+                        state=TrialState.DEPLOYING, started_at=tick.now, gpus=gpus, current=True if current else None,
+                        prediction=prediction)
     tick.status.trials.append(trial)
     what = f"production's own setting ({setting.label()}, its command line as it runs)" if current else setting.label()
     tick.event(False, Reason.TRIAL_STARTED, f"Trial {trial.name}: {what}")
@@ -473,7 +495,8 @@ def next_load(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> int | N
     closed = [step_result(s) for s in trial.steps if s.verdict is not None]
     neighbours = protocol.neighbours_of([(t.setting.core(), t.metrics or {}) for t in tick.status.trials
                                          if t.state is TrialState.DONE and t is not trial])
-    return protocol.next_load(closed, trial.setting.core(), neighbours, config)
+    predicted = trial.prediction.capacity_load if trial.prediction is not None else None
+    return protocol.next_load(closed, trial.setting.core(), neighbours, config, predicted)
 
 
 def conclude(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> None:
