@@ -104,7 +104,7 @@ def scripted_trials(monkeypatch):
     table: dict[Knobs, float | None] = {}
     tried: list[Knobs] = []
 
-    def fake_trial(testbed, scenario, knobs, *, protocol=None, neighbours=()):
+    def fake_trial(testbed, scenario, knobs, *, protocol=None, neighbours=(), predicted=None):
         tried.append(knobs)
         value = table.get(knobs)
         met = value is not None

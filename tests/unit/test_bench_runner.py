@@ -73,11 +73,15 @@ def test_a_scenario_run_is_deterministic_for_a_seed() -> None:
 def test_every_strategy_is_judged_against_an_oracle_at_least_as_good() -> None:
     result = run_scenario(SMALL, SyntheticTruth(), seed=2, noise=0.03)
     names = [r.strategy for r in result.runs]
-    assert names == ["adaptive", "bayesian", "auto_tune", "doubling", "hill_climb", "optuna_tpe"]
+    assert names == ["twin_guided", "adaptive", "bayesian", "sim_only", "auto_tune", "doubling", "hill_climb",
+                     "optuna_tpe"]
     for run in result.runs:
         assert 0.0 <= run.regret <= 1.0
         assert run.objective <= result.oracle_objective * (1 + 1e-9)
-        assert run.gpu_minutes > 0 and run.trials >= 1
+        if run.strategy == "sim_only":
+            assert run.gpu_minutes == 0 and run.trials == 0  # it picks from the nominal twin, no trial
+        else:
+            assert run.gpu_minutes > 0 and run.trials >= 1
     adaptive = next(r for r in result.runs if r.strategy == "adaptive")
     tpe = next(r for r in result.runs if r.strategy == "optuna_tpe")
     assert tpe.trials == adaptive.trials  # same budget as ours

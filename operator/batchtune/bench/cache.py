@@ -20,19 +20,29 @@ def cache_dir() -> Path:
     return Path(base) / "batchtune" / "bench"
 
 
+# Twin modules only the strategies and the CLI use (calibration, the guide's fast path, the prefilter): the
+# truth's evaluations do not depend on them, so editing them keeps the oracle's cache.
+STRATEGY_SIDE = frozenset({"calibration.py", "cli_calibrate.py", "cli_predict.py", "cli_vllm.py", "fit.py", "guide.py",
+                           "observations.py", "prefilter.py", "steady.py"})
+
+
 def _twin_fingerprint() -> str:
     import batchtune.bench.loadsearch as loadsearch
+    import batchtune.bench.reality as reality
     import batchtune.twin as twin
 
     digest = hashlib.sha256()
-    for path in sorted(Path(twin.__file__).parent.glob("*.py")) + [Path(loadsearch.__file__)]:
+    sources = [p for p in sorted(Path(twin.__file__).parent.glob("*.py")) if p.name not in STRATEGY_SIDE]
+    for path in sources + [Path(loadsearch.__file__), Path(reality.__file__)]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def cache_key(judge: Judge) -> str:
-    text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{_twin_fingerprint()}"
+    describe = getattr(judge.truth, "describe", None)
+    truth = describe(judge.scenario) if describe is not None else type(judge.truth).__name__
+    text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{truth}|{_twin_fingerprint()}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -187,10 +187,12 @@ def operator_trial(
     *,
     protocol: TrialProtocol = TrialProtocol(),
     neighbours: Sequence[TrialResult] = (),
+    predicted: int | None = None,
 ) -> TrialResult:
     """Start the setting and measure it exactly as the operator does: `core.protocol` decides every load
-    step (the capacity search warm-started at the nearest finished trial's capacity), combines repeats,
-    judges the SLO and concludes; the simulated GPU only serves the load and bills it."""
+    step (the capacity search warm-started at a twin's predicted capacity, else at the nearest finished
+    trial's), combines repeats, judges the SLO and concludes; the simulated GPU only serves the load and
+    bills it."""
     from batchtune.bench.strategies.ours import status_metrics
 
     start = testbed.start(knobs)
@@ -201,7 +203,7 @@ def operator_trial(
     found = core_protocol.neighbours_of([(Setting(r.knobs.max_num_seqs, r.knobs.gpu_memory_utilization_pct,
                                                   r.knobs.max_num_batched_tokens), r.conclusion.metrics)
                                          for r in neighbours if r.met and r.conclusion is not None])
-    driver = core_protocol.TrialDriver(setting, config, found)
+    driver = core_protocol.TrialDriver(setting, config, found, predicted=predicted)
     readings: dict[int, Reading] = {}
     while (load := driver.next_load()) is not None:
         runs = []
@@ -238,8 +240,9 @@ class TrialRunner:
     protocol: TrialProtocol = field(default_factory=TrialProtocol)
     results: list[TrialResult] = field(default_factory=list)
 
-    def run(self, knobs: Knobs) -> TrialResult:
-        result = operator_trial(self.testbed, self.scenario, knobs, protocol=self.protocol, neighbours=self.results)
+    def run(self, knobs: Knobs, predicted: int | None = None) -> TrialResult:
+        result = operator_trial(self.testbed, self.scenario, knobs, protocol=self.protocol, neighbours=self.results,
+                                predicted=predicted)
         self.results.append(result)
         return result
 

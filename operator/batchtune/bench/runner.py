@@ -43,6 +43,8 @@ class StrategyRun:
     load_steps: int
     gpu_minutes: float
     note: str
+    predictions: tuple[dict[str, Any], ...] = ()
+    """Twin-guided strategies: predicted against measured for every trial launched on a prediction."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class ScenarioResult:
     saturation_preemptions_per_s: float
     runs: tuple[StrategyRun, ...]
     seconds: float
+    truth: str = ""
+    """The ground truth the scenario was judged on (for a perturbed one: its hidden parameters)."""
 
 
 @dataclass(frozen=True)
@@ -90,19 +94,27 @@ class BenchResult:
     seconds: float
     checks: tuple[str, ...] = field(default=())
     """Scenario design checks that failed (e.g. a gmu-below-max scenario whose oracle picks the max)."""
+    truth: str = "nominal"
+    """`nominal` (the twin the strategies plan with) or `perturbed` (hidden realities, bench.reality)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
-    """Ours first: Optuna TPE's budget is what Adaptive used on the same scenario."""
+    """Ours first: Optuna TPE's budget is what Adaptive used on the same scenario. Every twin a strategy
+    uses (the memory prefilter, TwinGuided's guide, the simulation-only pick) is the nominal one, whatever
+    the truth: a perturbed truth's hidden parameters reach no strategy."""
     from batchtune.bench.strategies.ours import CoreStrategy
+    from batchtune.bench.strategies.simonly import SimulationOnly
+    from batchtune.bench.twin_truth import TwinTruth
 
-    fits = getattr(truth, "fits", None)
+    fits = TwinTruth().fits
     return [
+        CoreStrategy("TwinGuided", fits=fits, name="twin_guided"),
         CoreStrategy("Adaptive", fits=fits, name="adaptive"),
         CoreStrategy("Bayesian", fits=fits, name="bayesian"),
+        SimulationOnly(fits=fits),
         AutoTune(),
         Doubling(),
         HillClimb(),
@@ -165,6 +177,7 @@ def run_scenario(
         saturation_preemptions_per_s=oracle.saturation_preemptions_per_s,
         runs=runs,
         seconds=time.monotonic() - started,
+        truth=describe(scenario) if (describe := getattr(truth, "describe", None)) is not None else "",
     )
 
 
@@ -175,6 +188,7 @@ def _judge_choice(
     make_run = partial(
         StrategyRun, strategy=name, trials=ledger.starts, failed_starts=ledger.failed_starts,
         load_steps=ledger.load_steps, gpu_minutes=ledger.gpu_minutes, note=choice.note,
+        predictions=tuple(dict(p) for p in choice.predictions),
     )
     if choice.knobs is None:
         return make_run(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
@@ -259,6 +273,7 @@ def run_bench(
     jobs: int = 1,
     use_cache: bool = False,
     progress: Callable[[ScenarioResult], None] | None = None,
+    truth_name: str = "nominal",
 ) -> BenchResult:
     started = time.monotonic()
     results: list[ScenarioResult] = []
@@ -281,7 +296,7 @@ def run_bench(
                     progress(result)
     return BenchResult(
         seed=seed, noise=noise, scenarios=tuple(results), summary=summarize(results),
-        seconds=time.monotonic() - started, checks=design_checks(scenarios, results),
+        seconds=time.monotonic() - started, checks=design_checks(scenarios, results), truth=truth_name,
     )
 
 

@@ -1,5 +1,6 @@
 """The twin as the benchmark's ground truth: `plan_memory` for startup, `predict` for every load step,
-and the twin server's startup phases for what a start costs."""
+and the twin server's startup phases for what a start costs. `params(scenario)` is the deployment the
+truth simulates: the catalog's twin here (`--truth nominal`), a hidden reality in `bench.reality`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from batchtune.bench.types import Knobs, Load, Reading, StartResult
 
 if TYPE_CHECKING:
     from batchtune.twin.config import ServeConfig
+    from batchtune.twin.params import TwinParams
 
 POD_OVERHEAD_S = 20.0
 """Scheduling, container start, Python imports and the readiness probe period, on top of vLLM's own
@@ -26,20 +28,30 @@ PROMPT_RUN_CAP_S = 300.0
 class TwinTruth:
     pod_overhead_s: float = POD_OVERHEAD_S
 
+    def params(self, scenario: Scenario) -> TwinParams:
+        """The deployment simulated for this scenario: the catalog's twin."""
+        from batchtune.twin.params import NOMINAL
+
+        return NOMINAL
+
+    def describe(self, scenario: Scenario) -> str:
+        return "nominal: the catalog's twin"
+
     def config(self, scenario: Scenario, knobs: Knobs) -> ServeConfig:
         return _config(scenario.model, scenario.gpu, scenario.tensor_parallel_size, scenario.max_model_len,
                        knobs.max_num_seqs, knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
 
     def startup(self, scenario: Scenario, knobs: Knobs) -> StartResult:
-        return _startup(self.config(scenario, knobs), self.pod_overhead_s)
+        return _startup(self.config(scenario, knobs), self.pod_overhead_s, self.params(scenario))
 
     def fits(self, scenario: Scenario, knobs: Knobs) -> tuple[bool | None, str]:
-        """The operator's memory prefilter: the twin's memory plan (exact for startup failures; the
-        runtime-OOM risk under load is not something a prefilter can rule on, so it stays unknown)."""
+        """The operator's memory prefilter on this truth's memory model (exact for startup failures; the
+        runtime-OOM risk under load is not something a prefilter can rule on, so it stays unknown). The
+        strategies get the nominal twin's (`TwinTruth().fits`), never a hidden reality's."""
         from batchtune.twin.memory import StartupFailure, plan_memory
 
         try:
-            plan = plan_memory(self.config(scenario, knobs))
+            plan = plan_memory(self.config(scenario, knobs), self.params(scenario))
         except StartupFailure as exc:
             return False, exc.message[:200]
         if plan.runtime_oom_risk:
@@ -52,7 +64,7 @@ class TwinTruth:
         from batchtune.twin.memory import StartupFailure, plan_memory
 
         try:
-            plan = plan_memory(self.config(scenario, knobs))
+            plan = plan_memory(self.config(scenario, knobs), self.params(scenario))
         except StartupFailure:
             return False
         if scenario.length_dist != "fixed":
@@ -65,7 +77,7 @@ class TwinTruth:
         from batchtune.twin.memory import StartupFailure, plan_memory
 
         try:
-            plan = plan_memory(self.config(scenario, knobs))
+            plan = plan_memory(self.config(scenario, knobs), self.params(scenario))
         except StartupFailure as exc:
             return str(exc)
         if plan.runtime_oom_tokens is None:
@@ -86,12 +98,14 @@ class TwinTruth:
             length_dist=scenario.length_dist, num_prompts=prompts,
         )
         window = min(PROMPT_RUN_CAP_S, max(duration_s, 1.0)) if prompts is None else PROMPT_RUN_CAP_S
-        prediction = predict(cfg, workload, window, seed=seed, noise=noise)
+        prediction = predict(cfg, workload, window, seed=seed, noise=noise, params=self.params(scenario))
         if prediction.startup_error:
             return Reading(load, failure=prediction.startup_error)
         if prediction.runtime_error:
             return Reading(load, failure=prediction.runtime_error)
         metrics = {k: float(v) for k, v in prediction.metrics.items() if isinstance(v, (int, float))}
+        if prediction.memory is not None:
+            metrics["kv_cache_tokens"] = float(prediction.memory.kv_cache_tokens)  # vllm:cache_config_info
         return Reading(load, metrics)
 
 
@@ -108,13 +122,13 @@ def _config(
 
 
 @lru_cache(maxsize=4096)
-def _startup(cfg: ServeConfig, pod_overhead_s: float) -> StartResult:
+def _startup(cfg: ServeConfig, pod_overhead_s: float, params: TwinParams) -> StartResult:
     from batchtune.twin.cli_serve import startup_phases
     from batchtune.twin.memory import StartupFailure, plan_memory
 
     phases = dict(startup_phases(cfg))
     try:
-        plan_memory(cfg)
+        plan_memory(cfg, params)
     except StartupFailure as exc:
         text = exc.message
         if "Free memory on device" in text or "must be" in text or "max_model_len" in text and "greater" in text:

@@ -133,3 +133,5 @@ class Choice:
     knobs: Knobs | None
     claimed_load: Load | None = None
     note: str = ""
+    predictions: tuple[Mapping[str, object], ...] = ()
+    """A twin-guided strategy's trials: what its twin predicted for each, against what the trial measured."""

@@ -20,15 +20,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tuning = bench_sub.add_parser(
         "tuning",
         help="regret, SLO violations, trials and GPU-minutes of each strategy on the twin's scenarios",
-        description="Run Adaptive, Bayesian and the baselines (vLLM auto_tune.sh, doubling, hill climbing, "
-                    "Optuna TPE) on each scenario against the twin, and judge their choices against an "
-                    "exhaustive noise-free oracle.",
+        description="Run TwinGuided, Adaptive, Bayesian and the baselines (simulation only, vLLM auto_tune.sh, "
+                    "doubling, hill climbing, Optuna TPE) on each scenario against a ground truth (by default each "
+                    "scenario's hidden perturbed reality; the strategies only know the nominal twin), and judge their "
+                    "choices against an exhaustive noise-free oracle on that truth.",
     )
     tuning.add_argument("--quick", action="store_true", help="the quick subset of scenarios")
     tuning.add_argument("-o", "--output", choices=("table", "json", "markdown"), default="table")
     tuning.add_argument("--seed", type=int, default=0, help="seed of every noisy reading and strategy (default 0)")
     tuning.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     tuning.add_argument("--noise", type=float, default=DEFAULT_NOISE, help=f"measurement noise (default {DEFAULT_NOISE})")
+    tuning.add_argument("--truth", choices=("perturbed", "nominal"), default="perturbed",
+                        help="what the strategies tune against: each scenario's hidden reality (default), or the "
+                             "catalog's twin they plan with")
+    tuning.add_argument("--truth-seed", type=int, default=0, help="seed of the hidden realities (default 0)")
     tuning.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="scenarios run in parallel processes (default: up to 2)")
     tuning.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
@@ -45,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _tuning(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from batchtune.bench.reality import PerturbedTruth
     from batchtune.bench.report import markdown, print_tables, to_json
     from batchtune.bench.runner import run_bench
     from batchtune.bench.scenarios import get_scenarios
@@ -69,8 +77,9 @@ def _tuning(args: argparse.Namespace) -> int:
         if args.output == "table":
             print(f"Finished {result.scenario} in {result.seconds:.0f} s", file=sys.stderr)
 
-    result = run_bench(scenarios, TwinTruth, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
-                       use_cache=args.cache, progress=progress)
+    factory = TwinTruth if args.truth == "nominal" else partial(PerturbedTruth, truth_seed=args.truth_seed)
+    result = run_bench(scenarios, factory, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
+                       use_cache=args.cache, progress=progress, truth_name=args.truth)
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             fh.write(to_json(result))

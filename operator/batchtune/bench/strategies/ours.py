@@ -1,24 +1,32 @@
-"""Our strategies (`batchtune.core`: Adaptive, Bayesian) driven through their ask/tell interface, with
-the core's planning, SLO evaluation (headroom included) and selection (knee), exactly as the
-operator runs them; each asked setting becomes one operator-style trial on the testbed."""
+"""Our strategies (`batchtune.core`: Adaptive, Bayesian, TwinGuided) driven through their ask/tell interface,
+with the core's planning, SLO evaluation (headroom included) and selection (knee), exactly as the
+operator runs them; each asked setting becomes one operator-style trial on the testbed. TwinGuided is
+given the advice of the nominal twin, recalibrated on every finished trial (`twin.guide.advise`), as
+the operator's twin worker gives it; it never sees the truth's hidden parameters."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from batchtune.bench.evaluate import TrialProtocol, TrialResult, TrialRunner
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.types import Choice, Knobs, Reading, Testbed
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome
-from batchtune.core.planning import EngineLimits, FitVerdict, SearchSpace, plan_candidates
+from batchtune.core.planning import EngineLimits, FitVerdict, Plan, SearchSpace, plan_candidates
 from batchtune.core.search import Search
 from batchtune.core.selection import CompletedTrial, select_best
 from batchtune.core.settings import Setting
 from batchtune.core.slo import SloTargets
 from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
 from batchtune.engines import VLLM
+
+if TYPE_CHECKING:
+    from batchtune.core.guidance import Predicted, TwinAdvice
+    from batchtune.twin.guide import Deployment
 
 # (fits, reason) for one setting; fits None = unknown (kept), as the core's FitVerdict.
 FitFn = Callable[[Scenario, Knobs], tuple[bool | None, str]]
@@ -52,6 +60,8 @@ def status_metrics(reading: Reading | None, scenario: Scenario, percentile: int)
         M.TTFT_MS: m.get(f"{p}_ttft_ms"),
         M.ITL_MS: m.get(f"{p}_itl_ms"),
         M.E2E_MS: m.get(f"{p}_e2el_ms"),
+        M.TTFT_MEAN_MS: m.get("mean_ttft_ms"),
+        M.ITL_MEAN_MS: m.get("mean_itl_ms"),
         M.OUTPUT_THROUGHPUT: m.get("output_throughput"),
         M.REQUEST_THROUGHPUT: m.get("request_throughput"),
         M.KV_CACHE_USAGE_PERCENT: m.get("kv_cache_usage_pct"),
@@ -59,6 +69,8 @@ def status_metrics(reading: Reading | None, scenario: Scenario, percentile: int)
         M.GPU_UTIL_PERCENT: m.get("gpu_util_pct"),
         M.SM_ACTIVE_PERCENT: m.get("sm_active_pct"),
         M.POWER_WATTS: m.get("power_w"),
+        M.RUNNING_REQUESTS: m.get("mean_running_requests"),  # vllm:num_requests_running, averaged
+        M.KV_POOL_TOKENS: m.get("kv_cache_tokens"),  # vllm:cache_config_info blocks x block size
     }
     running = m.get("max_concurrent_requests")
     if reading.load.kind == "concurrency" and running is not None:
@@ -99,44 +111,124 @@ class CoreStrategy:
         return self.name or self.kind.lower()
 
     def tune(self, testbed: Testbed, scenario: Scenario, *, seed: int) -> Choice:
-        objective = Objective.SLO_CAPACITY if scenario.objective == "capacity" else Objective.OUTPUT_THROUGHPUT
+        objective = objective_of(scenario)
         slo = slo_targets(scenario, self.headroom_pct)
-        space = scenario.tuner_space
-        mbts = tuple(m for m in space.max_num_batched_tokens if m is not None)
-        core_space = SearchSpace(space.max_num_seqs, space.gpu_memory_utilization_pct, mbts)
-        fit = None
-        if self.fits is not None:
-            fits = self.fits
-
-            def fit(setting: Setting) -> FitVerdict:
-                ok, reason = fits(scenario, _knobs(setting))
-                return FitVerdict(ok, reason, VLLM.classify_failure(reason) if ok is False else None)
-
-        limits = EngineLimits(max_model_len=scenario.max_model_len)
-
-        def invariant(setting: Setting) -> str | None:
-            return VLLM.invariant_violation(setting, limits)
-
-        plan = plan_candidates(core_space, invariant, fit, limits)
+        core_space, invariant, plan = plan_for(scenario, self.fits)
         if not plan.candidates:
             return Choice(None, None, plan.error or "empty plan")
-        # As the operator (`core.search`): what the memory prefilter pruned enters the history as Infeasible.
-        search = Search.start(self.kind, core_space, invariant, plan.pruned, slo, objective, seed, self.max_trials)
+        guided = self.kind == "TwinGuided"
+        deployment = deployment_for(scenario, self.headroom_pct) if guided else None
         runner = TrialRunner(testbed, scenario, TrialProtocol(headroom_pct=self.headroom_pct))
         history: list[HistoryEntry] = []
         completed: list[CompletedTrial] = []
         claimed: dict[Setting, TrialResult] = {}
-        while (setting := search.ask(history)) is not None:
-            result = runner.run(_knobs(setting))
+        launched: dict[Setting, Predicted] = {}
+        advice: TwinAdvice | None = None
+        while True:
+            # As the operator (`core.search`): what the memory prefilter pruned enters the history as Infeasible.
+            search = Search.start(self.kind, core_space, invariant, plan.pruned, slo, objective, seed,
+                                  self.max_trials, advice)
+            if deployment is not None:
+                advice = guide_advice(deployment, search.candidates, history, launched)
+                search = Search.start(self.kind, core_space, invariant, plan.pruned, slo, objective, seed,
+                                      self.max_trials, advice)
+            setting = search.ask(history)
+            if setting is None:
+                break
+            predicted = advice.predicted(setting) if advice is not None else None
+            if predicted is not None:
+                launched[setting] = predicted
+            result = runner.run(_knobs(setting), predicted.capacity_load if predicted is not None else None)
             outcome = to_outcome(result, objective)
             history.append((setting, outcome))
             completed.append(CompletedTrial(f"trial-{len(completed)}", setting, outcome))
             claimed[setting] = result
         selection = select_best(completed, objective, slo)
+        report = predictions_report(history, launched, advice, search) if guided else ()
         if selection.best is None:
-            return Choice(None, None, selection.reason)
+            return Choice(None, None, selection.reason, report)
         chosen = claimed[selection.best]
-        return Choice(_knobs(selection.best), chosen.claimed_load, selection.reason)
+        return Choice(_knobs(selection.best), chosen.claimed_load, selection.reason, report)
+
+
+def objective_of(scenario: Scenario) -> Objective:
+    return Objective.SLO_CAPACITY if scenario.objective == "capacity" else Objective.OUTPUT_THROUGHPUT
+
+
+def plan_for(scenario: Scenario, fits: FitFn | None) -> tuple[SearchSpace, Callable[[Setting], str | None], Plan]:
+    """The core's search space, the engine invariant and the plan (with the memory prefilter), as the operator."""
+    space = scenario.tuner_space
+    mbts = tuple(m for m in space.max_num_batched_tokens if m is not None)
+    core_space = SearchSpace(space.max_num_seqs, space.gpu_memory_utilization_pct, mbts)
+    fit = None
+    if fits is not None:
+        check = fits
+
+        def fit(setting: Setting) -> FitVerdict:
+            ok, reason = check(scenario, _knobs(setting))
+            return FitVerdict(ok, reason, VLLM.classify_failure(reason) if ok is False else None)
+
+    limits = EngineLimits(max_model_len=scenario.max_model_len)
+
+    def invariant(setting: Setting) -> str | None:
+        return VLLM.invariant_violation(setting, limits)
+
+    return core_space, invariant, plan_candidates(core_space, invariant, fit, limits)
+
+
+def deployment_for(scenario: Scenario, headroom_pct: int) -> Deployment:
+    """What the twin guide knows of a scenario: the nominal twin of its model and GPU, its load and SLO."""
+    from batchtune.twin.config import ServeConfig
+    from batchtune.twin.guide import Deployment
+    from batchtune.twin.steady import Shape
+
+    config = TrialProtocol(headroom_pct=headroom_pct).config(scenario)
+    base = ServeConfig(model=scenario.model, gpu=scenario.gpu, tensor_parallel_size=scenario.tensor_parallel_size,
+                       max_model_len=scenario.max_model_len)
+    return Deployment(base, Shape(scenario.input_len, scenario.output_len, scenario.length_dist),
+                      config.slo, config.objective, config.open_loop, scenario.window_s, config.fixed_load)
+
+
+def guide_advice(deployment: Deployment, candidates: tuple[Setting, ...], history: list[HistoryEntry],
+                 launched: dict[Setting, Predicted]) -> TwinAdvice:
+    from batchtune.core.guidance import measured, truncated
+
+    done = measured(history)
+    if not history:  # the nominal twin's advice depends on nothing else: compute it once
+        return truncated(_nominal_advice(deployment, candidates), [])
+    from batchtune.twin.guide import advise
+
+    # As the operator's status keeps it: the best predictions and those of the measured settings.
+    return truncated(advise(deployment, candidates, history, launched)[0], [s for s, _ in done])
+
+
+@lru_cache(maxsize=64)
+def _nominal_advice(deployment: Deployment, candidates: tuple[Setting, ...]) -> TwinAdvice:
+    from batchtune.twin.guide import advise
+
+    return advise(deployment, candidates, [])[0]
+
+
+def predictions_report(history: list[HistoryEntry], launched: dict[Setting, Predicted], advice: TwinAdvice | None,
+                       search: Search) -> tuple[dict[str, object], ...]:
+    """Predicted against measured for every trial launched on a prediction, and how the search ended."""
+    rows: list[dict[str, object]] = []
+    for setting, outcome in history:
+        predicted = launched.get(setting)
+        if predicted is None:
+            continue
+        agreement = advice.agreements.get(setting) if advice is not None else None
+        first = outcome.steps[0] if outcome.steps else None
+        rows.append({"setting": setting.label(), "predicted_objective": round(predicted.objective, 4),
+                     "measured_objective": None if outcome.objective is None else round(outcome.objective, 4),
+                     "predicted_load": predicted.capacity_load, "first_step_load": first.load if first else None,
+                     "agrees": None if agreement is None else agreement.agrees,
+                     "worst": None if agreement is None else agreement.worst})
+    strategy = search.strategy
+    mode = getattr(strategy, "mode", None)
+    if mode is not None:
+        rows.append({"mode": mode(search.history(history))[0]})
+    return tuple(rows)
 
 
 def _knobs(setting: Setting) -> Knobs:
