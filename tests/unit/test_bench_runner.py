@@ -97,6 +97,32 @@ def test_summary_ratios_are_against_auto_tune() -> None:
     assert by_name["adaptive"].median_gpu_minutes_ratio == pytest.approx(ours / base)
     assert json.loads(json.dumps(bench.to_json()))["scenarios"][0]["scenario"] == "small"
     assert summarize(bench.scenarios) == bench.summary
+    regrets = {r.strategy: r.regret for r in sc.runs}
+    for name, summary in by_name.items():
+        assert summary.within_1pct == int(regrets[name] <= 0.01 + 1e-9)
+        assert summary.within_3pct == int(regrets[name] <= 0.03 + 1e-9)
+    assert by_name["adaptive"].cheaper_than_reference is None
+    guided = next(r for r in sc.runs if r.strategy == "twin_guided").gpu_minutes
+    assert by_name["twin_guided"].cheaper_than_reference == int(guided < ours)
+
+
+def test_a_saved_result_renders_again_with_the_same_summary(tmp_path, capsys) -> None:
+    from batchtune.bench.report import to_json
+    from batchtune.bench.runner import load_result
+    from batchtune.cli import main
+
+    bench = run_bench([SMALL], SyntheticTruth, seed=4, noise=0.03)
+    saved = tmp_path / "bench.json"
+    saved.write_text(to_json(bench))
+    loaded = load_result(json.loads(saved.read_text()))
+    assert loaded.summary == bench.summary and loaded.scenarios == bench.scenarios
+    assert main(["bench", "tuning", "--render", str(saved), "-o", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| twin_guided |" in out and "regret <= 1%" in out and "GPU-min < adaptive" in out
+    if any(r.predictions for r in bench.scenarios[0].runs):
+        assert "Predicted against measured" in out
+    assert main(["bench", "tuning", "--render", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
 
 
 def test_cli_lists_scenarios_and_rejects_unknown_names(capsys) -> None:

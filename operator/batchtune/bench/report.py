@@ -9,6 +9,7 @@ from batchtune.bench.runner import (
     BASELINE,
     GPU_MINUTES_RATIO_TARGET,
     RECHECK_REPEATS,
+    REFERENCE,
     REGRET_TARGET,
     BenchResult,
     ScenarioResult,
@@ -47,7 +48,7 @@ ORACLE_HEADERS = ["scenario", "objective", "oracle best", "value", "tuner-grid b
                   "feasible/grid", "best gmu < max", "preempt/s at max batch"]
 SUMMARY_HEADERS = ["strategy", "mean regret", "max regret", f"regret <= {REGRET_TARGET:.0%}", "violating choices",
                    "no choice", f"median GPU-min x {BASELINE}", f"same, where {BASELINE} chose", "total GPU-min",
-                   "mean trials"]
+                   "mean trials", "regret <= 1%", "regret <= 3%", f"GPU-min < {REFERENCE}"]
 
 
 def _floor(sc: ScenarioResult) -> float:
@@ -70,8 +71,33 @@ def summary_rows(result: BenchResult) -> list[list[str]]:
         "-" if s.median_gpu_minutes_ratio is None else f"{s.median_gpu_minutes_ratio:.2f}",
         "-" if s.median_gpu_minutes_ratio_where_baseline_chose is None
         else f"{s.median_gpu_minutes_ratio_where_baseline_chose:.2f}",
-        f"{s.total_gpu_minutes:.0f}", f"{s.mean_trials:.1f}",
+        f"{s.total_gpu_minutes:.0f}", f"{s.mean_trials:.1f}", f"{s.within_1pct}/{n}", f"{s.within_3pct}/{n}",
+        "-" if s.cheaper_than_reference is None else f"{s.cheaper_than_reference}/{n}",
     ] for s in result.summary]
+
+
+PREDICTION_HEADERS = ["scenario", "strategy", "trial setting", "predicted", "measured", "predicted load",
+                      "first step load", "first step agrees", "furthest from its prediction"]
+
+
+def prediction_rows(result: BenchResult) -> list[list[str]]:
+    """Every trial a twin-guided strategy launched on a prediction: predicted against measured."""
+
+    def num(value: object) -> str:
+        return f"{value:.3g}" if isinstance(value, (int, float)) else "-"
+
+    rows = []
+    for sc in result.scenarios:
+        for run in sc.runs:
+            for p in run.predictions:
+                if "setting" not in p:
+                    continue
+                agrees = p.get("agrees")
+                rows.append([sc.scenario, run.strategy, str(p["setting"]), num(p.get("predicted_objective")),
+                             num(p.get("measured_objective")), num(p.get("predicted_load")),
+                             num(p.get("first_step_load")), "-" if agrees is None else ("yes" if agrees else "no"),
+                             str(p.get("worst") or "")])
+    return rows
 
 
 def print_tables(result: BenchResult) -> None:
@@ -107,9 +133,14 @@ def markdown(result: BenchResult) -> str:
         "### Oracle", table(ORACLE_HEADERS, oracle_rows(result)),
         "### Per scenario", table(DETAIL_HEADERS, detail_rows(result)),
     ]
+    predicted = prediction_rows(result)
+    if predicted:
+        parts += ["### Predicted against measured (trials launched on a twin's prediction)",
+                  table(PREDICTION_HEADERS, predicted)]
     if result.checks:
         parts += ["### Scenario checks that failed", "\n".join(f"- {c}" for c in result.checks)]
-    parts.append(f"seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios, {result.seconds:.0f} s")
+    parts.append(f"truth {result.truth}, seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios, "
+                 f"{result.seconds:.0f} s")
     return "\n\n".join(parts) + "\n"
 
 

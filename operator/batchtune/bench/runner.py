@@ -21,6 +21,8 @@ from batchtune.bench.testbed import CostModel, GroundTruth, SimTestbed, derive_s
 from batchtune.bench.types import Choice, Load
 
 BASELINE = "auto_tune"
+REFERENCE = "adaptive"
+"""What a new strategy of ours must beat on GPU-minutes scenario by scenario."""
 RECHECK_REPEATS = 3
 REGRET_TARGET = 0.02
 GPU_MINUTES_RATIO_TARGET = 0.25
@@ -83,6 +85,11 @@ class StrategySummary:
     """The same median over the scenarios where auto_tune recommended a setting (it also fails cheaply)."""
     total_gpu_minutes: float
     mean_trials: float
+    within_1pct: int = 0
+    """Scenarios with regret <= 1 % (the twin-guided targets: 1 % on 12 of 13, 3 % on all)."""
+    within_3pct: int = 0
+    cheaper_than_reference: int | None = None
+    """Scenarios where this strategy spent fewer GPU-minutes than Adaptive (None for Adaptive itself)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +240,10 @@ def summarize(results: Sequence[ScenarioResult]) -> tuple[StrategySummary, ...]:
                 if base.chosen is not None:
                     chose_ratios.append(run.gpu_minutes / base.gpu_minutes)
         regrets = [run.regret for _, run in runs]
+        cheaper = None
+        if name != REFERENCE:
+            pairs = [(run, next((b for b in result.runs if b.strategy == REFERENCE), None)) for result, run in runs]
+            cheaper = sum(ref is not None and run.gpu_minutes < ref.gpu_minutes for run, ref in pairs)
         out.append(StrategySummary(
             strategy=name,
             mean_regret=statistics.fmean(regrets) if regrets else 0.0,
@@ -244,6 +255,8 @@ def summarize(results: Sequence[ScenarioResult]) -> tuple[StrategySummary, ...]:
             median_gpu_minutes_ratio_where_baseline_chose=statistics.median(chose_ratios) if chose_ratios else None,
             total_gpu_minutes=sum(run.gpu_minutes for _, run in runs),
             mean_trials=statistics.fmean(run.trials for _, run in runs) if runs else 0.0,
+            within_1pct=sum(r <= 0.01 + 1e-9 for r in regrets), within_3pct=sum(r <= 0.03 + 1e-9 for r in regrets),
+            cheaper_than_reference=cheaper,
         ))
     return tuple(out)
 
@@ -304,3 +317,14 @@ def _run_one(
     scenario: Scenario, truth_factory: Callable[[], GroundTruth], seed: int, noise: float, use_cache: bool
 ) -> ScenarioResult:
     return run_scenario(scenario, truth_factory(), seed=seed, noise=noise, use_cache=use_cache)
+
+
+def load_result(data: dict[str, Any]) -> BenchResult:
+    """A saved result (`--save`) back as a BenchResult, its summary recomputed by this code."""
+    scenarios = []
+    for sc in data["scenarios"]:
+        runs = tuple(StrategyRun(**{**r, "predictions": tuple(r.get("predictions") or ())}) for r in sc["runs"])
+        scenarios.append(ScenarioResult(**{**sc, "tags": tuple(sc.get("tags") or ()), "runs": runs}))
+    return BenchResult(seed=data["seed"], noise=data["noise"], scenarios=tuple(scenarios),
+                       summary=summarize(scenarios), seconds=data["seconds"], checks=tuple(data.get("checks") or ()),
+                       truth=data.get("truth", "nominal"))

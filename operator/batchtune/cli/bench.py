@@ -39,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tuning.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse noise-free oracle results under ~/.cache/batchtune/bench (default on)")
     tuning.add_argument("--save", metavar="PATH", help="also write the JSON result to PATH")
+    tuning.add_argument("--render", metavar="PATH", help="render a result saved with --save (no run)")
     tuning.add_argument("--list", action="store_true", help="list the scenarios and exit")
     tuning.set_defaults(func=_tuning)
 
@@ -58,6 +59,24 @@ def _tuning(args: argparse.Namespace) -> int:
     from batchtune.bench.scenarios import get_scenarios
     from batchtune.bench.twin_truth import TwinTruth
 
+    if args.render:
+        import json
+
+        from batchtune.bench.runner import load_result
+
+        try:
+            with open(args.render, encoding="utf-8") as fh:
+                loaded = load_result(json.load(fh))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --render {args.render}: {exc}", file=sys.stderr)
+            return 2
+        if args.output == "json":
+            print(to_json(loaded))
+        elif args.output == "markdown":
+            print(markdown(loaded))
+        else:
+            print_tables(loaded)
+        return 0
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     try:
         scenarios = get_scenarios(names or None, quick=args.quick)
