@@ -284,3 +284,27 @@ def test_rounds_and_the_watch_are_shown():
     assert "seqs=128 gmu=90% (3.10)" in row and "seqs=32 gmu=90% (3.90)" in row and "25.8" in row
     assert "round 2 started: the prompt-length distribution shifted 63%" in out
     assert "watching: next check at 2025-01-01T11:04:00Z; last check 60s ago: within the thresholds" in out
+
+
+def test_twin_guided_tuning_shows_predicted_against_measured_per_trial():
+    bt = cli_fakes.succeeded()
+    bt["spec"]["objective"] = {"type": "OutputThroughput"}
+    trials = bt["status"]["trials"]
+    trials[0]["prediction"] = {"objective": 700.0, "capacityLoad": 16, "agrees": False,
+                               "comparison": "outputThroughput: predicted 700, measured 610 (+15%, tolerance 10%)"}
+    trials[2]["prediction"] = {"objective": 1900.0, "capacityLoad": 64, "agrees": True, "comparison": "itlMs ..."}
+    trials[2]["steps"] = [{"load": 64}]
+    bt["status"]["twin"] = {"basis": "b", "verdict": "Trusted", "mode": "confirm", "observations": 7, "ranked": 12,
+                            "searchSeconds": 2.4, "parameters": {"bwScale": 0.91},
+                            "predictions": [{"setting": trials[2]["setting"], "objective": 1975.0}]}
+    out = text_of(st.render_status(bt, NOW))
+    assert "Twin Trusted" in out and "calibrated on 7 load step(s)" in out and "12 candidates ranked in 2.4 s" in out
+    assert "bwScale 0.91" in out and "Predicted against measured" in out
+    table = out.split("Predicted against measured")[1].split("Decision")[0]
+    rows = {seqs: next((line for line in table.splitlines() if f"max-num-seqs {seqs}," in line), "")
+            for seqs in (16, 32, 64)}
+    assert "700.00" in rows[16] and "610.40" in rows[16] and " no " in rows[16], rows
+    assert all(f in rows[64] for f in ("1,900.00", "1,980.70", "1,975.00", " 64 ", " yes ")), rows
+    assert rows[32] == ""  # launched on no prediction: not in the table
+    del bt["status"]["twin"]
+    assert "Predicted against measured" not in text_of(st.render_status(bt, NOW))
