@@ -382,3 +382,26 @@ def test_spec_change_replans_and_deletion_during_verify_restores_production(kube
         traffic.stop()
     assert container_of(kube, namespace, "llm")["args"] == before["args"]
     assert owned_objects(kube, namespace, "tune") == []
+
+
+def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(kube, namespace, operator,
+                                                                                prometheus_url, wait_for):
+    apply(kube, production(namespace))
+    wait_ready(kube, namespace, "llm", wait_for)
+    apply(kube, batchtuning(namespace, prometheus_url, name="twin", apply={"mode": "Recommend"},
+                            strategy={"type": "TwinGuided", "maxTrials": 3, "maxParallelTrials": 1}))
+    bt = wait_phase(kube, namespace, "twin", {"Recommended", "Failed", "Succeeded"}, 240, operator)
+    status = bt["status"]
+    assert status["phase"] == "Recommended", json.dumps(status, indent=1)[-3000:]
+    twin = status["twin"]
+    # The node's GPU label names a catalog GPU: the twin is available, calibrated on the measured steps.
+    assert twin["available"] is True and twin["verdict"] in ("Trusted", "Untrusted"), twin
+    assert twin["observations"] >= 2 and twin["ranked"] >= 1 and twin["predictions"]
+    trials = status["trials"]
+    assert 1 <= len(trials) <= 3
+    first = trials[0]
+    prediction = first["prediction"]  # what the nominal twin predicted, against what the trial measured
+    assert prediction["objective"] > 0 and prediction["capacityLoad"] >= 1
+    assert prediction["agrees"] in (True, False) and prediction["comparison"]
+    assert first["steps"][0]["load"] == min(prediction["capacityLoad"], 2 * first["setting"]["maxNumSeqs"])
+    assert status["recommendation"]["setting"] in [t["setting"] for t in trials]
