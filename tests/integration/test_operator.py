@@ -386,7 +386,10 @@ def test_spec_change_replans_and_deletion_during_verify_restores_production(kube
 
 def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(kube, namespace, operator,
                                                                                 prometheus_url, wait_for):
-    apply(kube, production(namespace))
+    prod = production(namespace)
+    # The GPU the twin models, as production pins it (the plan reads the nodeSelector before the nodes' labels).
+    prod["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    apply(kube, prod)
     wait_ready(kube, namespace, "llm", wait_for)
     apply(kube, batchtuning(namespace, prometheus_url, name="twin", apply={"mode": "Recommend"},
                             strategy={"type": "TwinGuided", "maxTrials": 3, "maxParallelTrials": 1}))
@@ -395,7 +398,7 @@ def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(
     assert status["phase"] == "Recommended", json.dumps(status, indent=1)[-3000:]
     twin = status["twin"]
     # The node's GPU label names a catalog GPU: the twin is available, calibrated on the measured steps.
-    assert twin["available"] is True and twin["verdict"] in ("Trusted", "Untrusted"), twin
+    assert twin["available"] is True and twin["verdict"] in ("Trusted", "Untrusted"), (twin.get("reason"), twin)
     assert twin["observations"] >= 2 and twin["ranked"] >= 1 and twin["predictions"]
     trials = status["trials"]
     assert 1 <= len(trials) <= 3
