@@ -59,7 +59,9 @@ def deployment(tick: Tick, target: Target) -> tuple[Deployment | None, str]:
     load, workload = tick.spec.load, tick.status.workload
     shape = Shape(float(workload.input_tokens if workload and workload.input_tokens else load.input_tokens),
                   float(workload.output_tokens if workload and workload.output_tokens else load.output_tokens))
-    config = protocol_config(tick.spec, workload.to_wire() if workload else None)
+    config = protocol_config(tick.spec, workload)
+    if config.trace:
+        return None, "the twin does not replay traces (spec.load.traceConfigMapRef): loads are percent of its speed"
     return Deployment(base, shape, config.slo, config.objective, config.open_loop,
                       float(tick.spec.trial.measure_seconds), config.fixed_load, generic), why
 
