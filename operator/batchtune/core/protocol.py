@@ -331,7 +331,8 @@ def _clamp(load: int, bounds: SearchBounds) -> int:
 def conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion:
     """The trial's metrics and verdict from its closed steps."""
     conclusion = _conclude(steps, config)
-    observed = tuple(StepObservation(s.load, s.metrics, s.verdict, s.margin if math.isfinite(s.margin) else None)
+    observed = tuple(StepObservation(s.load, s.metrics, s.verdict,
+                                     s.margin if s.margin is not None and math.isfinite(s.margin) else None)
                      for s in steps)
     return Conclusion(conclusion.metrics, conclusion.verdict, conclusion.verdict_reason, conclusion.reason,
                       conclusion.message, conclusion.steps, observed)
