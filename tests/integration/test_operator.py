@@ -399,9 +399,12 @@ def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(
     twin = status["twin"]
     # The node's GPU label names a catalog GPU: the twin is available, calibrated on the measured steps.
     assert twin["available"] is True and twin["verdict"] in ("Trusted", "Untrusted"), (twin.get("reason"), twin)
-    assert twin["observations"] >= 2 and twin["ranked"] >= 1 and twin["predictions"]
     trials = status["trials"]
     assert 1 <= len(trials) <= 3
+    # Calibrated on the closed steps of the measured trials (one step when the first, at the predicted capacity,
+    # already sits at the search's ceiling; a last trial that used up maxTrials asks for no further advice).
+    closed = sum(len([s for s in t.get("steps") or [] if s.get("verdict")]) for t in trials if t["state"] == "Done")
+    assert 1 <= twin["observations"] <= closed and twin["ranked"] >= 1 and twin["predictions"], twin
     first = trials[0]
     prediction = first["prediction"]  # what the nominal twin predicted, against what the trial measured
     assert prediction["objective"] > 0 and prediction["capacityLoad"] >= 1
