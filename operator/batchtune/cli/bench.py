@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from batchtune.bench.runner import ScenarioResult
+    from batchtune.bench.runner import BenchResult, ScenarioResult
 
 DEFAULT_NOISE = 0.03
 """Run-to-run measurement noise of the twin (relative, per metric family) the strategies face."""
@@ -54,7 +54,7 @@ def _tuning(args: argparse.Namespace) -> int:
     from functools import partial
 
     from batchtune.bench.reality import PerturbedTruth
-    from batchtune.bench.report import markdown, print_tables, to_json
+    from batchtune.bench.report import to_json
     from batchtune.bench.runner import run_bench
     from batchtune.bench.scenarios import get_scenarios
     from batchtune.bench.twin_truth import TwinTruth
@@ -70,13 +70,7 @@ def _tuning(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"error: --render {args.render}: {exc}", file=sys.stderr)
             return 2
-        if args.output == "json":
-            print(to_json(loaded))
-        elif args.output == "markdown":
-            print(markdown(loaded))
-        else:
-            print_tables(loaded)
-        return 0
+        return _emit(loaded, args.output)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     try:
         scenarios = get_scenarios(names or None, quick=args.quick)
@@ -102,9 +96,15 @@ def _tuning(args: argparse.Namespace) -> int:
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             fh.write(to_json(result))
-    if args.output == "json":
+    return _emit(result, args.output)
+
+
+def _emit(result: BenchResult, output: str) -> int:
+    from batchtune.bench.report import markdown, print_tables, to_json
+
+    if output == "json":
         print(to_json(result))
-    elif args.output == "markdown":
+    elif output == "markdown":
         print(markdown(result))
     else:
         print_tables(result)
