@@ -91,6 +91,20 @@ class Generator(StrEnum):
     """The project's own load generator."""
 
 
+class CurveLoadType(StrEnum):
+    """Which common offered load every trial is also measured at, for the report's curves."""
+
+    PRODUCTION_PEAK = "ProductionPeak"
+    """Production's peak 1-minute request rate per replica over the last hour, as an open loop; unknown
+    (or too quiet to measure): a closed loop at the largest maxNumSeqs the plan holds."""
+    CONCURRENCY = "Concurrency"
+    """A closed loop at `concurrency` requests in flight (unset: the largest maxNumSeqs the plan holds)."""
+    REQUESTS_PER_MINUTE = "RequestsPerMinute"
+    """An open loop at `requestsPerMinute`."""
+    OFF = "Off"
+    """No extra step: the report draws the capacity panel only."""
+
+
 class ApplyMode(StrEnum):
     """What happens to production once the best setting is known."""
 
@@ -440,6 +454,53 @@ class TrialSpec(_Spec):
     """Measurements per setting; more repeats smooth noise."""
 
 
+class CurveLoadSpec(_Spec):
+    """The common offered load of the report's curves. It costs one extra load run per trial (warm-up plus
+    measure window, on the trial's GPUs) and is never part of a trial's verdict or the decision."""
+
+    type: CurveLoadType | None = None
+    """ProductionPeak, Concurrency, RequestsPerMinute or Off; unset: Concurrency when concurrency is set,
+    RequestsPerMinute when requestsPerMinute is, else ProductionPeak."""
+    concurrency: Annotated[Int, Field(ge=1, le=100_000)] | None = None
+    """Closed loop: requests in flight at once (type Concurrency; unset there: the largest maxNumSeqs planned)."""
+    requests_per_minute: Annotated[Int, Field(ge=1, le=10_000_000)] | None = None
+    """Open loop: mean arrival rate per minute, Poisson (type RequestsPerMinute)."""
+
+    @property
+    def kind(self) -> CurveLoadType:
+        """The type, with unset read from the load given."""
+        if self.type is not None:
+            return self.type
+        if self.concurrency is not None:
+            return CurveLoadType.CONCURRENCY
+        if self.requests_per_minute is not None:
+            return CurveLoadType.REQUESTS_PER_MINUTE
+        return CurveLoadType.PRODUCTION_PEAK
+
+    @model_validator(mode="after")
+    def _load_matches_type(self) -> CurveLoadSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.concurrency is not None and self.requests_per_minute is not None:
+            errors.append(("requestsPerMinute", self.requests_per_minute,
+                           f"set concurrency or requestsPerMinute, not both (concurrency is {self.concurrency})"))
+        elif self.concurrency is not None and self.type not in (None, CurveLoadType.CONCURRENCY):
+            errors.append(("concurrency", self.concurrency, f"is for type Concurrency (type is {self.kind.value})"))
+        elif self.requests_per_minute is not None and self.type not in (None, CurveLoadType.REQUESTS_PER_MINUTE):
+            errors.append(("requestsPerMinute", self.requests_per_minute,
+                           f"is for type RequestsPerMinute (type is {self.kind.value})"))
+        if self.type is CurveLoadType.REQUESTS_PER_MINUTE and self.requests_per_minute is None:
+            errors.append(("requestsPerMinute", None, "is required with type RequestsPerMinute"))
+        _cross_field(errors)
+        return self
+
+
+class ReportSpec(_Spec):
+    """What the report shows beyond what the search measures."""
+
+    curve_load: CurveLoadSpec = Field(default_factory=CurveLoadSpec)
+    """The one offered load the GPU-utilization, throughput and latency curves are measured at."""
+
+
 class SecretKeyRef(_Spec):
     """A key in a Secret in the BatchTuning's namespace."""
 
@@ -627,6 +688,8 @@ class BatchTuningSpec(_Spec):
     """The load driven at each trial."""
     trial: TrialSpec = Field(default_factory=TrialSpec)
     """Timing of one trial."""
+    report: ReportSpec = Field(default_factory=ReportSpec)
+    """What the report shows beyond what the search measures (the curves' common load)."""
     prometheus: PrometheusSpec
     """Where metrics are read."""
     apply: ApplySpec = Field(default_factory=ApplySpec)
@@ -726,6 +789,11 @@ class RunRecord(_Status):
     """Where Prometheus and the load generator disagreed."""
 
 
+class StepPurpose(StrEnum):
+    CURVE = "Curve"
+    """Measured at the common curve load for the report; outside the trial's search and verdict."""
+
+
 class LoadStepRecord(_Status):
     """One load level."""
 
@@ -755,6 +823,9 @@ class LoadStepRecord(_Status):
     """Where Prometheus and the load generator's own numbers disagree."""
     unavailable_since: datetime | None = None
     """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
+    purpose: StepPurpose | None = None
+    """Curve: the extra step at the common curve load (status.plan.curveLoad), for the report only, never
+    part of the trial's verdict; unset: a step of the trial's own search."""
 
 
 class TrialPrediction(_Status):
@@ -814,6 +885,9 @@ class TrialRecord(_Status):
     from it, the engine's defaults filled in)."""
     prediction: TrialPrediction | None = None
     """What the calibrated twin predicted for this trial when it was started (strategy TwinGuided)."""
+    curve_step: Annotated[int, Field(ge=0)] | None = None
+    """Index in steps of the step measured at the common curve load (the extra Curve step, or a search step
+    that ran at that very load); unset: not measured there."""
 
     @property
     def finished(self) -> bool:
@@ -873,6 +947,17 @@ class EngineLimitsRecord(_Status):
     """Production's --max-num-batched-tokens, when set."""
 
 
+class CurveLoadRecord(_Status):
+    """The common offered load of the report's curves, fixed at planning so every trial runs the same."""
+
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    """Closed loop: requests in flight at once."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Open loop: mean arrival rate per minute."""
+    source: str = ""
+    """Where the load came from, in words (production's peak, the spec, a fallback and why)."""
+
+
 class PlanRecord(_Status):
     """What planning found (re-planning from spec and this is deterministic)."""
 
@@ -890,6 +975,8 @@ class PlanRecord(_Status):
     """Planning notes (e.g. why the memory prefilter was skipped)."""
     started_at: datetime | None = None
     """When planning finished and trials could start."""
+    curve_load: CurveLoadRecord | None = None
+    """The common load every trial is also measured at for the report's curves; unset: none (type Off)."""
 
 
 class LengthBucket(_Status):
