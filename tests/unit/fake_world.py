@@ -157,10 +157,12 @@ class World:
     production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
     production_requests_per_second: float = 5.0
     production_replicas: int = 1
-    production_peak_per_second: float = 10.0
-    """What `production_peak_rate` answers (the highest 1-minute rate of the last hour)."""
+    production_peak_per_second: float | None = 10.0
+    """What `production_peak_rate` answers (the highest 1-minute rate of the last hour; None: Prometheus has none)."""
     traffic: WorkloadObservation | None = field(default_factory=lambda: chat_traffic())
     """What production's length histograms and request counts say (None: production has no pods)."""
+    failing_loads: set[int] = field(default_factory=set)
+    """Load-generator Jobs at these loads (concurrency, or requests per minute) fail."""
     intents: list[int] = field(default_factory=list)
     conflict_next_patch: bool = False
     rollout_done: bool = True
@@ -256,6 +258,11 @@ class World:
                 load = int(round(float(args[args.index("--request-rate") + 1]) * 60))
             start = self.now - timedelta(seconds=60)
             end = self.now - timedelta(seconds=1)
+            if load in self.failing_loads:
+                status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "failed": 1,
+                               "conditions": [{"type": "Failed", "status": "True"}]})
+                job["message"] = "load generator: connection refused"
+                continue
             status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
                            "completionTime": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "succeeded": 1,
                            "conditions": [{"type": "Complete", "status": "True"}]})

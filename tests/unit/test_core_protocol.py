@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from batchtune.core.objective import Objective
 from batchtune.core.protocol import (
+    CurveLoad,
     Neighbour,
     ProtocolConfig,
     RunResult,
@@ -23,7 +24,10 @@ from batchtune.core.protocol import (
     longer_run,
     neighbours_of,
     next_load,
+    next_step,
+    production_peak_curve_load,
     search_next,
+    search_step_at,
     worst_case,
 )
 from batchtune.core.settings import Setting
@@ -334,3 +338,48 @@ def thin(samples: float, itl: float = 20.0) -> dict[str, float]:
 ])
 def test_a_thin_run_is_run_longer_from_the_rate_it_saw(metrics, seconds, wanted):
     assert longer_run(metrics, seconds, 30, THIN_SLO) == wanted
+
+
+# ---- the common curve load ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("peak, replicas, measure, expected, why", [
+    pytest.param(10.0, 1, 60, CurveLoad(600, True), "production's peak", id="peak-one-replica"),
+    pytest.param(10.0, 4, 60, CurveLoad(150, True), "4 ready replicas", id="peak-per-replica"),
+    pytest.param(0.01, 3, 60, CurveLoad(256, False), "fewer than 20 requests", id="too-quiet"),
+    pytest.param(0.5, 1, None, CurveLoad(30, True), "production's peak", id="request-count-runs-are-long-enough"),
+    pytest.param(None, 1, 60, CurveLoad(256, False), "unknown", id="no-data"),
+    pytest.param(0.0, 1, 60, CurveLoad(256, False), "unknown", id="no-requests"),
+    pytest.param(math.nan, 1, 60, CurveLoad(256, False), "unknown", id="nan"),
+    pytest.param(5.0, 0, 60, CurveLoad(300, True), "1 ready replica", id="no-ready-replica-counts-one"),
+])
+def test_production_peak_curve_load(peak, replicas, measure, expected, why):
+    found = production_peak_curve_load(peak, replicas, 256, measure)
+    assert (found.load, found.open_loop) == (expected.load, expected.open_loop)
+    assert why in found.source
+
+
+def test_the_curve_step_comes_after_the_search_and_only_once():
+    setting = Setting(16, 90)
+    curve = CurveLoad(64, False)
+    fixed = ProtocolConfig(Objective.OUTPUT_THROUGHPUT, SLO, open_loop=False, fixed_load=8)
+    assert next_step([], setting, [], fixed, curve, False).load == 8  # the search first
+    searched = [_step(8, 0.5)]
+    assert next_step(searched, setting, [], fixed, curve, False) == next_step(searched, setting, [], fixed, curve, False)
+    assert next_step(searched, setting, [], fixed, curve, False).curve
+    assert next_step(searched, setting, [], fixed, curve, True) is None  # measured or given up
+    assert next_step(searched, setting, [], fixed, None, False) is None  # no curve load: conclude
+
+
+def test_a_search_step_at_the_curve_load_is_the_curve_point_only_in_the_same_loop():
+    closed = ProtocolConfig(Objective.OUTPUT_THROUGHPUT, SLO, open_loop=False, fixed_load=64)
+    steps = [_step(64, 0.2)]
+    assert search_step_at(steps, CurveLoad(64, False), closed) == 0
+    assert next_step(steps, Setting(16, 90), [], closed, CurveLoad(64, False), False) is None
+    assert search_step_at(steps, CurveLoad(64, True), closed) is None  # 64/min is not 64 in flight
+    assert next_step(steps, Setting(16, 90), [], closed, CurveLoad(64, True), False).curve
+
+
+def test_a_curve_load_below_one_is_refused():
+    with pytest.raises(ValueError, match="curve load"):
+        CurveLoad(0, False)

@@ -463,7 +463,8 @@ def test_production_token_lengths_reach_the_load_generator():
 
 
 def test_a_run_with_too_few_requests_is_run_again_longer_and_then_judged():
-    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1})
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1},
+              report={"curveLoad": {"type": "Off"}})  # the search's runs only
     w.requests_per_second = 0.5  # 15 requests in the 30 s window: too few for a p95
     assert w.run_until({"Succeeded", "Recommended", "Failed"}) == "Succeeded"
     assert [seconds for _, seconds in w.load_runs] == [30, 50]  # 30 * 20 / 15 with a quarter to spare
@@ -473,9 +474,18 @@ def test_a_run_with_too_few_requests_is_run_again_longer_and_then_judged():
     assert step["verdict"] == "Met" and step["metrics"]["samples"] == 25
 
 
+def test_the_curve_step_starts_at_the_specs_window_after_the_search_was_lengthened():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1})
+    w.requests_per_second = 0.5
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}) == "Succeeded"
+    assert [seconds for _, seconds in w.load_runs][:3] == [30, 50, 30]
+    search, curve = w.status["trials"][0]["steps"]
+    assert search["measureSeconds"] == 50 and curve["purpose"] == "Curve" and not curve.get("measureSeconds")
+
+
 def test_a_run_still_too_thin_at_the_longest_window_is_unknown_and_says_why():
     w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1},
-              objective={"type": "OutputThroughput"})
+              objective={"type": "OutputThroughput"}, report={"curveLoad": {"type": "Off"}})  # the search's runs only
     w.requests_per_second = 0.1
     assert w.run_until({"Succeeded", "Recommended", "Failed"}) == "Failed"
     assert [seconds for _, seconds in w.load_runs] == [30, 120]  # capped at 4x spec.trial.measureSeconds
@@ -485,7 +495,8 @@ def test_a_run_still_too_thin_at_the_longest_window_is_unknown_and_says_why():
 
 
 def test_the_capacity_search_keeps_the_window_an_earlier_step_needed():
-    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1})
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1},
+              report={"curveLoad": {"type": "Off"}})  # the search's runs only
     w.requests_per_second = 0.1
     w.run_until({"Succeeded", "Recommended", "Failed"})
     seconds = [seconds for _, seconds in w.load_runs]

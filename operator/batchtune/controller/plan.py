@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from batchtune.api import Baseline, EngineLimitsRecord, LoadSpec, PlanRecord, PrunedSetting, Setting, WorkloadRecord
+from batchtune.api import (
+    Baseline,
+    CurveLoadRecord,
+    CurveLoadType,
+    EngineLimitsRecord,
+    LoadSpec,
+    PlanRecord,
+    PrunedSetting,
+    Setting,
+    WorkloadRecord,
+)
+from batchtune.controller.decide import PEAK_LOOKBACK_SECONDS
 from batchtune.controller.ports import MetricsReader
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
@@ -12,6 +23,7 @@ from batchtune.core.planning import SearchSpace, plan_candidates
 from batchtune.core.policy import load_image_problem
 from batchtune.core.production import fingerprint
 from batchtune.core.promql import rate_window_seconds
+from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
 from batchtune.core.workload import build_profile
 from batchtune.engines import ArgsError
@@ -115,6 +127,30 @@ def measure_workload(tick: Tick, target: Target) -> WorkloadRecord | None:
     return profile
 
 
+def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: int) -> CurveLoadRecord | None:
+    """The common load of the report's curves (spec.report.curveLoad), fixed now so every trial runs the same.
+    Raises PrometheusUnavailable when production's peak cannot be read yet."""
+    assert tick.spec is not None
+    spec = tick.spec.report.curve_load
+    kind = spec.kind
+    if kind is CurveLoadType.OFF:
+        return None
+    if kind is CurveLoadType.REQUESTS_PER_MINUTE:
+        assert spec.requests_per_minute is not None
+        found = CurveLoad(spec.requests_per_minute, True, "spec.report.curveLoad.requestsPerMinute")
+    elif kind is CurveLoadType.CONCURRENCY:
+        found = CurveLoad(spec.concurrency, False, "spec.report.curveLoad.concurrency") if spec.concurrency else \
+            CurveLoad(largest_seqs, False, f"the largest maxNumSeqs planned ({largest_seqs})")
+    else:
+        peak = reader.production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+        ready = int((target.deployment.get("status") or {}).get("readyReplicas")
+                    or (target.deployment.get("spec") or {}).get("replicas") or 1)
+        found = production_peak_curve_load(peak, ready, largest_seqs,
+                                           None if tick.spec.load.num_prompts else tick.spec.trial.measure_seconds)
+    return CurveLoadRecord(concurrency=None if found.open_loop else found.load,
+                           requests_per_minute=found.load if found.open_loop else None, source=found.source[:500])
+
+
 def plan(tick: Tick) -> None:
     from batchtune.twin.prefilter import memory_fit
 
@@ -168,6 +204,12 @@ def plan(tick: Tick) -> None:
         return
     # A retune round measures production's own setting first, beside the candidates.
     planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
+    try:
+        curve = curve_load(tick, target, reader, max(s.max_num_seqs for s in candidates.candidates))
+    except PrometheusUnavailable as exc:
+        tick.prometheus_down(exc)
+        tick.status.phase = Phase.PLANNING
+        return
     tick.status.baseline = Baseline(
         engine=engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
         gpu_memory_utilization_percent=baseline.gpu_memory_utilization_percent,
@@ -177,7 +219,8 @@ def plan(tick: Tick) -> None:
         gpu_product=product, model=baseline.model, served_model=baseline.served_model or baseline.model,
         engine_limits=EngineLimitsRecord(max_model_len=limits.max_model_len, chunked_prefill=limits.chunked_prefill,
                                          max_num_batched_tokens=limits.max_num_batched_tokens),
-        candidates=len(candidates.candidates), notes=[note, *candidates.notes][:20], started_at=tick.now)
+        candidates=len(candidates.candidates), notes=[note, *candidates.notes][:20], started_at=tick.now,
+        curve_load=curve)
     tick.status.workload = workload
     tick.status.trials_planned = planned
     tick.status.trials_completed = 0

@@ -13,7 +13,16 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import LoadStepRecord, RunRecord, Setting, TrialPrediction, TrialRecord, WorkloadRecord
+from batchtune.api import (
+    LoadStepRecord,
+    PlanRecord,
+    RunRecord,
+    Setting,
+    StepPurpose,
+    TrialPrediction,
+    TrialRecord,
+    WorkloadRecord,
+)
 from batchtune.api.models import BatchTuningSpec
 from batchtune.controller import guidance
 from batchtune.controller.ports import Owned
@@ -37,7 +46,7 @@ from batchtune.core.planning import PrunedSetting as CorePruned
 from batchtune.core.pods import TrialFailure, classify_pod, log_wanted, pod_is_ready
 from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
-from batchtune.core.protocol import ProtocolConfig, RunResult, StepResult
+from batchtune.core.protocol import CurveLoad, ProtocolConfig, RunResult, StepResult
 from batchtune.core.search import Search
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import MIN_SAMPLES, SloTargets
@@ -94,6 +103,25 @@ def goodput_targets(spec: BatchTuningSpec) -> tuple[tuple[str, int], ...]:
     return tuple((key, ms) for key, ms in pairs if ms is not None)
 
 
+def curve_of(plan: PlanRecord | None) -> CurveLoad | None:
+    """The common load of the report's curves, as planning fixed it (None: none, or status predates it)."""
+    record = plan.curve_load if plan else None
+    if record is None:
+        return None
+    if record.requests_per_minute is not None:
+        return CurveLoad(record.requests_per_minute, True, record.source)
+    return CurveLoad(record.concurrency, False, record.source) if record.concurrency is not None else None
+
+
+def is_curve(step: LoadStepRecord) -> bool:
+    return step.purpose is StepPurpose.CURVE
+
+
+def search_steps(trial: TrialRecord) -> list[StepResult]:
+    """The closed steps of the trial's own search, in order: all the protocol decides on (never the curve step)."""
+    return [step_result(s) for s in trial.steps if s.verdict is not None and not is_curve(s)]
+
+
 def step_result(step: LoadStepRecord) -> StepResult:
     assert step.verdict is not None
     return StepResult(step.load, dict(step.metrics or {}), Verdict(step.verdict), step.verdict_reason or "",
@@ -113,7 +141,7 @@ def close(step: LoadStepRecord, config: ProtocolConfig) -> None:
 def outcome_of(trial: TrialRecord, objective: Objective) -> TrialOutcome:
     metrics = dict(trial.metrics or {})
     steps = tuple(StepObservation(s.load, dict(s.metrics or {}), Verdict(s.verdict), s.margin)
-                  for s in trial.steps if s.verdict is not None)
+                  for s in trial.steps if s.verdict is not None and not is_curve(s))
     return TrialOutcome(TrialState(trial.state), Verdict(trial.verdict or Verdict.UNKNOWN),
                         objective_value(objective, metrics), metrics, str(trial.reason or ""), trial.message or "",
                         steps)
@@ -191,10 +219,22 @@ def trials(tick: Tick) -> None:
     exhausted = spent >= budget
     if exhausted:
         for trial in tick.status.trials:
-            if not trial.state.finished:
-                finish(tick, trial, TrialState.FAILED, Reason.GPU_BUDGET_EXHAUSTED,
-                       f"the tuning reached its GPU budget of {budget} GPU-minutes (spec.strategy.maxGpuMinutes, "
-                       "capped by the install)", Verdict.UNKNOWN)
+            if trial.state.finished:
+                continue
+            message = (f"the tuning reached its GPU budget of {budget} GPU-minutes (spec.strategy.maxGpuMinutes, "
+                       "capped by the install)")
+            if search_done(tick, trial, config):
+                pending = next((s for s in trial.steps if is_curve(s) and s.verdict is None), None)
+                curve = curve_of(tick.status.plan)
+                if pending is None and curve is not None:
+                    pending = LoadStepRecord(load=curve.load, purpose=StepPurpose.CURVE)  # why it is missing
+                    trial.steps.append(pending)
+                if pending is None:
+                    conclude(tick, trial, config)
+                    continue
+                give_up_curve(tick, trial, pending, config, f"{Reason.GPU_BUDGET_EXHAUSTED.value}: {message}")
+            else:
+                finish(tick, trial, TrialState.FAILED, Reason.GPU_BUDGET_EXHAUSTED, message, Verdict.UNKNOWN)
     strategy_done = False if exhausted else launch(tick, target, owned)
     finished = [t for t in tick.status.trials if t.state.finished]
     tick.status.trials_completed = len(finished)
@@ -388,22 +428,29 @@ def failed(tick: Tick, trial: TrialRecord, failure: TrialFailure) -> None:
 def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, config: ProtocolConfig) -> None:
     assert tick.spec is not None
     pod = trial_pod(tick, trial)
+    steps = trial.steps
+    current = next((s for s in steps if s.verdict is None), None)
     if pod is None or not pod_is_ready(pod):
         failure = classify_pod(pod, str(target.container["name"]), tick.now, 0, target.engine,
                                log=engine_log(tick, target, pod)) if pod else None
-        failed(tick, trial, failure or TrialFailure(Reason.TRIAL_POD_LOST,
-                                                    "the trial pod stopped being ready under load"))
+        failure = failure or TrialFailure(Reason.TRIAL_POD_LOST, "the trial pod stopped being ready under load")
+        if current is not None and is_curve(current):
+            give_up_curve(tick, trial, current, config, f"the trial pod failed at the common load: "
+                                                        f"{failure.reason.value}: {failure.message}")
+        else:
+            failed(tick, trial, failure)
         return
-    steps = trial.steps
-    current = next((s for s in steps if s.verdict is None), None)
     if current is None:
-        load = next_load(tick, trial, config)
-        if load is None:
+        upcoming = next_step(tick, trial, config)
+        if upcoming is None:
             conclude(tick, trial, config)
             return
-        # A window that had to grow for an earlier step is where the next one starts: lower loads finish fewer.
-        current = LoadStepRecord(load=load, measure_seconds=max(
-            (s.measure_seconds for s in steps if s.measure_seconds), default=None))
+        # A window that had to grow for an earlier search step is where the next one starts: lower loads finish
+        # fewer. The curve step starts at the spec's window (it is lengthened, as any run, if too few finish).
+        current = LoadStepRecord(load=upcoming.load, purpose=StepPurpose.CURVE if upcoming.curve else None,
+                                 measure_seconds=None if upcoming.curve else max(
+                                     (s.measure_seconds for s in steps if s.measure_seconds and not is_curve(s)),
+                                     default=None))
         steps.append(current)
     name = load_job_name(tick.tuning.name, trial.index, len(steps) - 1, current.repeat, current.attempt)
     if current.job != name:
@@ -433,7 +480,7 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
                                          "spec.load.numPrompts" if tick.spec.load.num_prompts else
                                          "spec.trial.measureSeconds")
     if short:
-        finish(tick, trial, TrialState.FAILED, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short, Verdict.UNKNOWN)
+        give_up(tick, trial, current, config, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
         return
     if window.end + timedelta(seconds=tick.ports.install.scrape_lag_seconds) > tick.now:
         return  # Prometheus needs a scrape or two after the run before its window is complete
@@ -446,9 +493,9 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         tick.prometheus_down(exc)
         current.unavailable_since = current.unavailable_since or tick.now
         if tick.now - current.unavailable_since > timedelta(seconds=tick.ports.install.measurement_deadline_seconds):
-            finish(tick, trial, TrialState.FAILED, Reason.MEASUREMENT_UNAVAILABLE,
-                   f"Prometheus did not give this run's figures for {tick.ports.install.measurement_deadline_seconds}s: "
-                   f"{exc}", Verdict.UNKNOWN)
+            give_up(tick, trial, current, config, Reason.MEASUREMENT_UNAVAILABLE,
+                    f"Prometheus did not give this run's figures for {tick.ports.install.measurement_deadline_seconds}s: "
+                    f"{exc}")
         return
     tick.prometheus_ok()
     current.unavailable_since = None
@@ -470,7 +517,9 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         current.attempt = 0
         return
     close(current, config)
-    if next_load(tick, trial, config) is None:
+    if is_curve(current):
+        trial.curve_step = steps.index(current)
+    if next_step(tick, trial, config) is None:
         conclude(tick, trial, config)  # the verdict in this tick, not the next
 
 
@@ -479,7 +528,7 @@ def retry(tick: Tick, trial: TrialRecord, step: LoadStepRecord, reason: Reason, 
     step.attempt += 1
     tick.log.warning("Trial %s: %s; attempt %d", trial.name, message, step.attempt)
     if step.attempt - step.lengthened >= MAX_MEASURE_ATTEMPTS:
-        finish(tick, trial, TrialState.FAILED, reason, f"{MAX_MEASURE_ATTEMPTS} attempts: {message}", Verdict.UNKNOWN)
+        give_up(tick, trial, step, None, reason, f"{MAX_MEASURE_ATTEMPTS} attempts: {message}")
 
 
 def lengthen(tick: Tick, trial: TrialRecord, step: LoadStepRecord, seconds: int, samples: float | None) -> None:
@@ -491,16 +540,53 @@ def lengthen(tick: Tick, trial: TrialRecord, step: LoadStepRecord, seconds: int,
                   "no" if not samples else int(samples), step.load, seconds)
 
 
-def next_load(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> int | None:
-    closed = [step_result(s) for s in trial.steps if s.verdict is not None]
+def give_up(tick: Tick, trial: TrialRecord, step: LoadStepRecord, config: ProtocolConfig | None, reason: Reason,
+            message: str) -> None:
+    """A step that cannot be measured fails its trial; the curve step only goes unmeasured (the search's
+    conclusion stands without it)."""
+    if is_curve(step):
+        assert tick.spec is not None
+        give_up_curve(tick, trial, step, config or protocol_config(tick.spec, tick.status.workload),
+                      f"{reason.value}: {message}")
+    else:
+        finish(tick, trial, TrialState.FAILED, reason, message, Verdict.UNKNOWN)
+
+
+def give_up_curve(tick: Tick, trial: TrialRecord, step: LoadStepRecord, config: ProtocolConfig, why: str) -> None:
+    """The curve step is closed unmeasured (its Job becomes garbage) and the trial concludes from its search."""
+    step.verdict = Verdict.UNKNOWN
+    step.verdict_reason = f"not measured at the common load: {why}"[:500]
+    step.metrics = None
+    step.results = []
+    tick.log.warning("Trial %s: no reading at the common curve load: %s", trial.name, why)
+    conclude(tick, trial, config)
+
+
+def next_step(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> protocol.NextStep | None:
     neighbours = protocol.neighbours_of([(t.setting.core(), t.metrics or {}) for t in tick.status.trials
                                          if t.state is TrialState.DONE and t is not trial])
+    curve_done = any(is_curve(s) and s.verdict is not None for s in trial.steps)
     predicted = trial.prediction.capacity_load if trial.prediction is not None else None
-    return protocol.next_load(closed, trial.setting.core(), neighbours, config, predicted)
+    return protocol.next_step(search_steps(trial), trial.setting.core(), neighbours, config,
+                              curve_of(tick.status.plan), curve_done, predicted)
+
+
+def search_done(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> bool:
+    """The trial's search has measured all it needs; what is left (if anything) is the curve step."""
+    return any(is_curve(s) for s in trial.steps) or (
+        bool(trial.steps) and all(s.verdict is not None for s in trial.steps)
+        and (n := next_step(tick, trial, config)) is not None and n.curve)
 
 
 def conclude(tick: Tick, trial: TrialRecord, config: ProtocolConfig) -> None:
-    conclusion = protocol.conclude([step_result(s) for s in trial.steps if s.verdict is not None], config)
+    search = search_steps(trial)
+    conclusion = protocol.conclude(search, config)
+    curve = curve_of(tick.status.plan)
+    if trial.curve_step is None and curve is not None:
+        # A search step that ran at the common load is the trial's curve point; no extra run was needed.
+        at = protocol.search_step_at(search, curve, config)
+        if at is not None:
+            trial.curve_step = [i for i, s in enumerate(trial.steps) if s.verdict is not None and not is_curve(s)][at]
     trial.metrics = dict(conclusion.metrics)
     finish(tick, trial, TrialState.DONE, conclusion.reason, conclusion.message, conclusion.verdict,
            conclusion.verdict_reason)
@@ -530,13 +616,17 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
     config = protocol_config(spec, workload)
     measured = workload.profile() if workload is not None and load.from_production else None
     limits = tick.status.plan.engine_limits if tick.status.plan else None
+    # The curve step runs the common load (a concurrency or a rate), never a trace's speed.
+    curve = curve_of(tick.status.plan) if is_curve(step) else None
+    open_loop = curve.open_loop if curve is not None else config.open_loop
+    trace = config.trace and curve is None
     profile = LoadProfile(
         input_tokens=(workload.input_tokens if workload and workload.input_tokens else load.input_tokens),
         output_tokens=(workload.output_tokens if workload and workload.output_tokens else load.output_tokens),
-        concurrency=None if config.open_loop else step.load,
-        requests_per_minute=step.load if config.open_loop and not config.trace else None,
-        trace_speed_percent=step.load if config.trace else None,
-        trace_config_map=load.trace_config_map_ref.name if load.trace_config_map_ref else None,
+        concurrency=None if open_loop else step.load,
+        requests_per_minute=step.load if open_loop and not trace else None,
+        trace_speed_percent=step.load if trace else None,
+        trace_config_map=load.trace_config_map_ref.name if trace and load.trace_config_map_ref else None,
         trace_key=load.trace_config_map_ref.key if load.trace_config_map_ref else "trace.jsonl",
         duration_seconds=None if load.num_prompts else step.measure_seconds or spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,

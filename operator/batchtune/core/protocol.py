@@ -7,6 +7,11 @@ vLLM's `serve_sla` sweep does, in at most `max_steps` runs, warm-started from a 
 capacity); otherwise one step at a fixed load. `conclude` turns the steps into the trial's metrics,
 verdict and reason. Nothing here does I/O or reads a clock: the operator drives it across reconcile
 ticks from status, the bench in a loop on its simulated GPU.
+
+A tuning may also measure every trial at one common offered load (`CurveLoad`, `next_step`), so the
+report's utilization, throughput and latency curves compare settings under the same load rather than
+each at its own capacity. That step is for the picture only: it runs after the search has concluded what
+it needs and never enters `next_load`, `conclude` or the peaks (callers pass only search steps there).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import TypeGuard
 from batchtune.core.objective import Objective, objective_value
 from batchtune.core.outcomes import StepObservation, TrialOutcome
 from batchtune.core.settings import Setting
-from batchtune.core.slo import SloTargets, evaluate_slo
+from batchtune.core.slo import MIN_SAMPLES, SloTargets, evaluate_slo
 from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
 
 MAX_LOAD_STEPS = 5
@@ -323,6 +328,79 @@ def _interpolate(low: StepResult, high: StepResult) -> int:
 
 def _clamp(load: int, bounds: SearchBounds) -> int:
     return max(bounds.lowest, min(bounds.highest, load))
+
+
+# ---- the common curve load ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CurveLoad:
+    """The one offered load every trial is also measured at, for the report's curves (never its verdict)."""
+
+    load: int
+    open_loop: bool
+    """Open loop: `load` is requests per minute; closed: concurrent requests."""
+    source: str = ""
+    """Where the load came from, in words."""
+
+    def __post_init__(self) -> None:
+        if self.load < 1:
+            raise ValueError(f"a curve load of {self.load!r} must be >= 1")
+
+    @property
+    def unit(self) -> str:
+        return "requests/min" if self.open_loop else "concurrent requests"
+
+    def label(self) -> str:
+        return f"{self.load} {self.unit}"
+
+
+def production_peak_curve_load(peak_requests_per_second: float | None, ready_replicas: int, largest_seqs: int,
+                               measure_seconds: int | None) -> CurveLoad:
+    """Production's peak per replica as an open loop, or, when that is unknown or too quiet to give a
+    percentile in one measure window, a closed loop at the largest max-num-seqs planned (every trial
+    then runs its whole batch: the batching curve itself)."""
+    fallback = f"the largest maxNumSeqs planned ({largest_seqs}) as a closed loop"
+    if peak_requests_per_second is None or not math.isfinite(peak_requests_per_second) \
+            or peak_requests_per_second <= 0:
+        return CurveLoad(largest_seqs, False, f"{fallback}: production's peak request rate is unknown "
+                                              "(no requests in Prometheus over the last hour)")
+    replicas = max(1, ready_replicas)
+    per_minute = max(1, math.ceil(peak_requests_per_second * 60 / replicas))
+    peak = (f"production's peak 1-minute rate over the last hour, {peak_requests_per_second:.3g} req/s over "
+            f"{replicas} ready replica{'s' if replicas != 1 else ''}")
+    if measure_seconds is not None and per_minute * measure_seconds / 60 < MIN_SAMPLES:
+        return CurveLoad(largest_seqs, False, f"{fallback}: {peak} ({per_minute}/min per replica) gives fewer "
+                                              f"than {MIN_SAMPLES} requests in a {measure_seconds}s window")
+    return CurveLoad(per_minute, True, peak + " (per replica)")
+
+
+def search_step_at(steps: Sequence[StepResult], curve: CurveLoad, config: ProtocolConfig) -> int | None:
+    """Index of a search step that already ran at the curve load (same kind of loop): no extra run needed."""
+    if curve.open_loop != config.open_loop:
+        return None
+    return next((i for i, s in enumerate(steps) if s.load == curve.load), None)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    load: int
+    curve: bool = False
+    """The extra step at the common curve load (outside the search)."""
+
+
+def next_step(steps: Sequence[StepResult], setting: Setting, neighbours: Sequence[Neighbour],
+              config: ProtocolConfig, curve: CurveLoad | None, curve_done: bool,
+              predicted: int | None = None) -> NextStep | None:
+    """The trial's next step: the search's, then (once the search is done) the curve step unless the curve
+    load was one of the search's own loads or `curve_done` (measured, or given up); None: conclude.
+    `steps` are the search's closed steps only; `predicted` as for `next_load`."""
+    load = next_load(steps, setting, neighbours, config, predicted)
+    if load is not None:
+        return NextStep(load)
+    if curve is None or curve_done or search_step_at(steps, curve, config) is not None:
+        return None
+    return NextStep(curve.load, curve=True)
 
 
 # ---- the outcome -----------------------------------------------------------------------------
