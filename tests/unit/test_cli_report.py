@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -92,3 +93,26 @@ def test_report_unknown_name(api, tmp_path, capsys):
     assert main(["report", "nope", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "o")]) == 1
     assert 'BatchTuning "nope" not found' in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_html_is_written_on_request_from_the_configmap_or_drawn_from_status(api, tmp_path, capsys):
+    api.add_batchtuning(cli_fakes.succeeded())
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "a")]) == 0
+    assert not (tmp_path / "a" / "report.html").exists()  # only with --html
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "b"), "--html"]) == 0
+    page = (tmp_path / "b" / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page
+    assert "highest output throughput meeting p95 ITL 50 ms" in page and "llama-8b-trial-5" in page
+    assert "holds no common curve load" in page  # this canned status predates common-load steps
+    assert str(tmp_path / "b" / "report.html") in capsys.readouterr().out
+    api.add_report("inference", "llama-8b", {"trials.csv": "n\n", "trials.json": "{}", "report.html": "<p>stored</p>"},
+                   {"curves.png": PNG_MAGIC})
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "c"), "--html"]) == 0
+    assert (tmp_path / "c" / "report.html").read_text() == "<p>stored</p>"
+
+
+def test_html_drawn_from_status_uses_the_stored_curves():
+    files, source = rp.report_files(cli_fakes.succeeded(), {"curves.png": PNG_MAGIC + b"stored"}, html=True)
+    assert base64.b64encode(PNG_MAGIC + b"stored").decode() in files["report.html"].decode()
+    assert "report.html" in source and "curves.png" not in source.split("drawn")[1]

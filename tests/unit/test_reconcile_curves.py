@@ -161,3 +161,25 @@ def test_the_gpu_budget_running_out_during_the_curve_step_keeps_the_trial():
     trial = w.status["trials"][0]
     assert trial["state"] == "Done" and trial["verdict"] == "Met"
     assert "GpuBudgetExhausted" in curve_steps(trial)[0]["verdictReason"]
+
+
+def test_the_report_is_written_at_the_decision_and_again_once_production_has_spoken():
+    reports = []
+
+    class Reports:
+        def submit(self, namespace, name, uid, spec, status):
+            reports.append(status["phase"])
+
+    w = world()
+    ports = w.ports
+
+    def with_reports(install=None):
+        p = ports(install)
+        p.reports = Reports()
+        return p
+
+    w.ports = with_reports
+    assert w.run_until(TERMINAL) == "Succeeded"
+    assert reports == ["Selecting", "Succeeded"]
+    w.tick()
+    assert reports == ["Selecting", "Succeeded"]  # a terminal tuning is not written again

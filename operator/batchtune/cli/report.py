@@ -1,8 +1,9 @@
-"""`batchtune report NAME [--out DIR]`: the trial table and decision in the terminal, the three-curve
-image and the CSV/JSON as files.
+"""`batchtune report NAME [--out DIR] [--html]`: the trial table and decision in the terminal, the
+three-curve image and the CSV/JSON as files, and with `--html` one self-contained page (report.html:
+decision, curves, trials, predicted against measured, workload) to open in any browser, offline.
 
-The files come from the operator's report ConfigMap `<name>-report`; while it is not written yet
-(the tuning is still running) they are drawn from the BatchTuning's status instead.
+The files come from the operator's report ConfigMap `<name>-report`; what it lacks (the tuning is still
+running, or an older operator wrote it) is drawn from the BatchTuning's status instead.
 """
 
 from __future__ import annotations
@@ -17,16 +18,21 @@ from batchtune.cli.status import add_common_arguments
 from batchtune.cli.terminal import safe, text
 
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
+HTML_FILE = "report.html"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="print a BatchTuning's trial table and write its curves and CSV",
                        description="Print the trial table and the decision, and write curves.png (GPU "
-                                   "utilization, throughput and latency against max-num-seqs), trials.csv "
-                                   "and trials.json into a folder.")
+                                   "utilization, throughput and latency against max-num-seqs at one common "
+                                   "load, and SLO capacity), trials.csv and trials.json into a folder; with "
+                                   "--html also report.html, one self-contained page.")
     add_common_arguments(p)
     p.add_argument("-o", "--out", type=Path, default=None,
                    help="folder for the files (default ./NAME-report; created if missing)")
+    p.add_argument("--html", action="store_true",
+                   help="also write report.html: the decision, curves, trial table, predicted against measured "
+                        "and the workload in one page with no script and no external resource")
     p.set_defaults(func=run)
 
 
@@ -44,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     except CliError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 1
-    files, source = report_files(bt, stored)
+    files, source = report_files(bt, stored, html=args.html)
     out_dir = args.out or Path(f"{args.name}-report")
     try:
         paths = write_files(out_dir, files)
@@ -74,12 +80,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report_files(bt: Mapping[str, Any], stored: Mapping[str, bytes]) -> tuple[dict[str, bytes], str]:
+def report_files(bt: Mapping[str, Any], stored: Mapping[str, bytes], html: bool = False) -> tuple[dict[str, bytes], str]:
     """The report's files and where they came from; what the ConfigMap lacks is drawn from status."""
-    files = {name: stored[name] for name in REPORT_FILES if name in stored}
-    if len(files) == len(REPORT_FILES):
+    wanted = (*REPORT_FILES, HTML_FILE) if html else REPORT_FILES
+    files = {name: stored[name] for name in wanted if name in stored}
+    if len(files) == len(wanted):
         return files, f"from ConfigMap {name_of(bt)}-report"
-    drawn = from_status(bt, missing=[n for n in REPORT_FILES if n not in files])
+    drawn = from_status(bt, missing=[n for n in wanted if n not in files], png=files.get("curves.png"))
     files.update(drawn)
     source = "drawn from the BatchTuning's status; the operator has not written its report ConfigMap yet" \
         if not stored else f"from ConfigMap {name_of(bt)}-report, {', '.join(sorted(drawn))} drawn from status"
@@ -90,8 +97,11 @@ def name_of(bt: Mapping[str, Any]) -> str:
     return str((bt.get("metadata") or {}).get("name", ""))
 
 
-def from_status(bt: Mapping[str, Any], missing: list[str]) -> dict[str, bytes]:
+def from_status(bt: Mapping[str, Any], missing: list[str], png: bytes | None = None) -> dict[str, bytes]:
+    from datetime import UTC, datetime
+
     from batchtune import report
+    from batchtune.report_html import html_report
 
     status = bt.get("status") or {}
     trials = status.get("trials") or []
@@ -109,14 +119,19 @@ def from_status(bt: Mapping[str, Any], missing: list[str]) -> dict[str, bytes]:
             trials, chosen=status.get("bestTrial"), knee_seqs=(status.get("knee") or {}).get("maxNumSeqs"),
             slo=slo, percentile=str(slo.get("percentile") or "P95"),
             title=safe(f"{meta.get('namespace', '')}/{meta.get('name', '')}: target "
-                       f"{((bt.get('spec') or {}).get('targetRef') or {}).get('name', '')}"))
+                       f"{((bt.get('spec') or {}).get('targetRef') or {}).get('name', '')}"),
+            curve_load=(status.get("plan") or {}).get("curveLoad"),
+            curves_off=(((bt.get("spec") or {}).get("report") or {}).get("curveLoad") or {}).get("type") == "Off")
+    if HTML_FILE in missing:
+        generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        out[HTML_FILE] = html_report(bt, out.get("curves.png", png), generated).encode()
     return out
 
 
 def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in REPORT_FILES:
+    for name in (*REPORT_FILES, HTML_FILE):
         if name in files:
             path = out_dir / name
             path.write_bytes(files[name])

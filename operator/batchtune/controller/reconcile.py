@@ -19,7 +19,7 @@ from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import apply as applying
 from batchtune.controller import retune
 from batchtune.controller import status as status_io
-from batchtune.controller.decide import select
+from batchtune.controller.decide import select, submit_report
 from batchtune.controller.plan import plan
 from batchtune.controller.ports import Conflict, NotAllowed, Ports
 from batchtune.controller.tick import Log, Tick, Tuning
@@ -63,10 +63,13 @@ def step(tick: Tick) -> None:
     if observed is None:
         tick.status.observed_generation = tick.tuning.generation
         tick.status.phase = Phase.PENDING
+    was = tick.phase
     try:
         STEPS[tick.phase](tick)
     except NotAllowed as exc:  # the install refuses the spec's Prometheus URL or Secret, in any phase
         tick.not_allowed(exc)
+    if was.touches_production and tick.phase.terminal:
+        submit_report(tick)  # the report written at the decision did not know what production made of it
     retune.track(tick)
 
 

@@ -1,41 +1,93 @@
 """The report ConfigMap, written off the reconcile path by one worker, one report at a time.
 
-A tick only queues (namespace, name) with the status it decided on; the worker renders the tables
-and the curves image (in a short-lived process: matplotlib's memory stays out of the operator) and
-writes `<bt>-report`. A newer request for the same BatchTuning replaces one still waiting, so a
+A tick only queues (namespace, name) with the status it decided on; the worker renders the tables,
+the curves image (in a short-lived process: matplotlib's memory stays out of the operator) and the
+self-contained HTML page, and writes `<bt>-report`. A newer request for the same BatchTuning replaces one still waiting, so a
 burst of decisions renders each BatchTuning once.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from batchtune import report
 from batchtune.core.manifests import LABEL_TUNING, label_value, owner_reference, report_name
+from batchtune.report_html import html_report
 
 log = logging.getLogger(__name__)
 
 
+CONFIGMAP_BUDGET_BYTES = 1_000_000
+"""What the report's files may hold in all: a ConfigMap's data and binaryData together must stay under
+1 MiB (1,048,576 bytes), and the object's metadata needs some of it."""
+
+
 def configmap(namespace: str, name: str, uid: str, spec: Mapping[str, Any], status: Mapping[str, Any],
-              png: bytes | None) -> dict[str, Any]:
-    """The report ConfigMap's body: trials.csv, trials.json and (when rendered) curves.png."""
+              png: bytes | None, generated: str = "") -> dict[str, Any]:
+    """The report ConfigMap's body: trials.csv, trials.json, report.html and (when rendered) curves.png.
+
+    Over budget, what is least needed goes first: trials.json's indentation, then its per-step detail (both
+    are in status), the image inside report.html (curves.png is beside it), report.html, curves.png, and last
+    trials.json's trials. Each file left out is named in the log; `batchtune report --html` draws it from status.
+    """
     trials = list(status.get("trials") or [])
     summary = {"bestTrial": status.get("bestTrial"), "reason": (status.get("recommendation") or {}).get("reason"),
-               "knee": status.get("knee"), "phase": status.get("phase")}
+               "knee": status.get("knee"), "phase": status.get("phase"),
+               "curveLoad": (status.get("plan") or {}).get("curveLoad")}
+    bt = {"metadata": {"name": name, "namespace": namespace}, "spec": dict(spec), "status": dict(status)}
+    data = {"trials.csv": report.trials_csv(trials), "trials.json": report.trials_json(trials, summary),
+            "report.html": html_report(bt, png, generated)}
+    binary = {"curves.png": png} if png else {}
+    stepless = [{k: v for k, v in t.items() if k != "steps"} for t in trials]
+
+    def compact_json() -> None:
+        data["trials.json"] = json.dumps({"summary": summary, "trials": trials}, separators=(",", ":"), sort_keys=True)
+
+    def stepless_json() -> None:
+        data["trials.json"] = json.dumps({"summary": {**summary, "steps": "left out to fit the ConfigMap"},
+                                          "trials": stepless}, separators=(",", ":"), sort_keys=True)
+
+    def imageless_page() -> None:
+        data["report.html"] = html_report(bt, None, generated, "The curves image was left out of this page to fit "
+                                                               "the report ConfigMap: it is curves.png beside it.")
+
+    def summary_json() -> None:
+        data["trials.json"] = json.dumps({"summary": {**summary, "trials": "left out to fit the ConfigMap"}},
+                                         sort_keys=True)
+
+    shedding = [("trials.json's indentation", compact_json), ("trials.json's load steps", stepless_json),
+                ("the image inside report.html", imageless_page), ("report.html", lambda: data.pop("report.html")),
+                ("curves.png", binary.clear), ("trials.json's trials", summary_json)]
+    left_out = []
+    for what, shed in shedding:
+        if _size(data, binary) <= CONFIGMAP_BUDGET_BYTES:
+            break
+        shed()
+        left_out.append(what)
+    if left_out:
+        log.warning("Report for %s/%s left out %s to fit a ConfigMap; `batchtune report --html` draws it from "
+                    "status", namespace, name, ", ".join(left_out))
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": report_name(name), "namespace": namespace, "labels": {LABEL_TUNING: label_value(name)},
                      "ownerReferences": [owner_reference(name, uid)]},
-        "data": {"trials.csv": report.trials_csv(trials), "trials.json": report.trials_json(trials, summary)},
+        "data": data,
     }
-    if png:
-        body["binaryData"] = {"curves.png": base64.b64encode(png).decode()}
+    if binary:
+        body["binaryData"] = {k: base64.b64encode(v).decode() for k, v in binary.items()}
     return body
+
+
+def _size(data: Mapping[str, str], binary: Mapping[str, bytes]) -> int:
+    # As the API server counts it: keys and values, binaryData by its decoded bytes.
+    return sum(len(k) + len(v.encode()) for k, v in data.items()) + sum(len(k) + len(v) for k, v in binary.items())
 
 
 def render_png(name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> bytes | None:
@@ -43,7 +95,10 @@ def render_png(name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) ->
     try:
         return report.curves_png_isolated(list(status.get("trials") or []), chosen=status.get("bestTrial"),
                                           knee_seqs=(status.get("knee") or {}).get("maxNumSeqs"), slo=slo,
-                                          percentile=str(slo.get("percentile", "P95")), title=f"BatchTuning {name}")
+                                          percentile=str(slo.get("percentile", "P95")), title=f"BatchTuning {name}",
+                                          curve_load=(status.get("plan") or {}).get("curveLoad"),
+                                          curves_off=((spec.get("report") or {}).get("curveLoad") or {}).get("type")
+                                          == "Off")
     except Exception as exc:  # noqa: BLE001  # the tables are still worth writing without the image
         log.warning("Curves for %s not rendered: %s", name, exc)
         return None
@@ -78,7 +133,8 @@ class ReportQueue:
 
             write, render = self._write or upsert_configmap, self._render or render_png
             try:
-                write(configmap(namespace, name, uid, spec, status, render(name, spec, status)))
+                generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+                write(configmap(namespace, name, uid, spec, status, render(name, spec, status), generated))
             except Exception as exc:  # noqa: BLE001  # a report is nice to have; the worker must go on
                 log.warning("Report for %s/%s not written: %s", namespace, name, exc)
 

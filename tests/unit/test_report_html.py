@@ -1,0 +1,234 @@
+"""The HTML report: its sections, the curves at one common load, and that nothing from a BatchTuning can
+inject markup or script into it."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import json
+from html.parser import HTMLParser
+
+import pytest
+from fake_world import World, production_target, reset_backoff, spec
+
+from batchtune.controller.reports import CONFIGMAP_BUDGET_BYTES, configmap
+from batchtune.report import curve_picture, curves_png
+from batchtune.report_html import CSP, html_report, predictions
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+EVIL = ('<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+        "\"'><iframe src=https://evil.example/></td></tr></table><style>body{display:none}</style>&amp;$x^$")
+TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "span", "b", "dl", "dt", "dd",
+        "pre", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "img"}
+
+
+@functools.cache
+def _tuned() -> str:
+    reset_backoff()
+    w = World(bt_spec=spec(searchSpace={"maxNumSeqs": {"values": [8, 16, 32, 64]}}))
+    w.deployments["llm"] = production_target()
+    w.run_until({"Succeeded"})
+    reset_backoff()
+    return json.dumps({"metadata": {"name": "tune", "namespace": "inference"}, "spec": w.bt_spec, "status": w.status})
+
+
+def tuned() -> dict:
+    """A BatchTuning the reconcile loop took to Succeeded in the in-memory world."""
+    return json.loads(_tuned())
+
+
+class Page(HTMLParser):
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.stack: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def count(self, tag: str) -> int:
+        return sum(1 for t, _ in self.tags if t == tag)
+
+
+def test_the_page_has_the_decision_curves_trials_predictions_and_workload():
+    bt = tuned()
+    page = html_report(bt, PNG, "2026-12-01 08:00 UTC")
+    parsed = Page(page)
+    text = " ".join(parsed.text)
+    for heading in ("Decision", "Curves", "Trials", "Predicted against measured", "The workload this decision holds for"):
+        assert heading in text
+    status = bt["status"]
+    assert status["recommendation"]["reason"] in text
+    assert " ".join(status["recommendation"]["args"]) in text
+    assert "600 requests/min (open loop)" in text and "production's peak" in text
+    # One row per trial, the chosen one marked.
+    rows = [a for t, a in parsed.tags if t == "tr"]
+    assert len(rows) - 1 >= len(status["trials"])  # the trial table's rows (+ its header), and other tables
+    assert ("tr", {"class": "best"}) in parsed.tags
+    for trial in status["trials"]:
+        assert trial["name"] in text
+    # The image inline, nothing fetched.
+    images = [a for t, a in parsed.tags if t == "img"]
+    assert [i["src"] for i in images] == ["data:image/png;base64," + base64.b64encode(PNG).decode()]
+    assert ("meta", {"http-equiv": "Content-Security-Policy", "content": CSP}) in parsed.tags
+    assert "300 prompt / 100 output tokens" not in text  # spec.load's lengths, not production's: not fromProduction
+    assert "512 prompt / 128 output tokens per request (spec.load)" in text
+
+
+def test_nothing_from_the_batchtuning_becomes_markup_or_script():
+    bt = tuned()
+    status = bt["status"]
+    bt["metadata"] = {"name": EVIL, "namespace": EVIL}
+    bt["spec"]["targetRef"]["name"] = EVIL
+    bt["spec"]["load"]["generator"] = EVIL
+    status["phase"] = EVIL
+    status["bestSetting"] = EVIL
+    status["knee"] = {"maxNumSeqs": EVIL, "reason": EVIL}
+    status["recommendation"]["reason"] = EVIL
+    status["recommendation"]["args"] = [EVIL, "--max-num-seqs", EVIL]
+    status["recommendation"]["replicasHint"] = EVIL
+    status["baseline"]["args"] = [EVIL]
+    status["applied"]["previous"] = {"args": [EVIL]}
+    status["conditions"].append({"type": EVIL, "status": "True", "reason": EVIL, "message": EVIL,
+                                 "lastTransitionTime": EVIL})
+    status["plan"]["notes"] = ["memory prefilter: " + EVIL]
+    status["plan"]["model"] = status["plan"]["gpuProduct"] = EVIL
+    status["plan"]["curveLoad"]["source"] = EVIL
+    status["workload"] = {"inputTokens": EVIL, "outputTokens": EVIL, "requestsPerMinute": EVIL, "source": EVIL}
+    status["pruned"] = [{"setting": {"maxNumSeqs": EVIL, "gpuMemoryUtilizationPercent": EVIL},
+                         "reason": "DoesNotFitMemory", "message": EVIL}]
+    for trial in status["trials"]:
+        trial.update(name=EVIL, message=EVIL, verdictReason=EVIL, reason=EVIL, state=EVIL)
+        trial["setting"]["maxNumBatchedTokens"] = EVIL
+        trial["predicted"] = {"itlMs": 10.0}
+    status["trials"][0]["state"] = "Done"
+    status["trials"][0].pop("curveStep")
+    status["trials"][0]["steps"][-1].update(verdictReason=EVIL, verdict=EVIL)
+    status["trials"][0]["steps"][-1].pop("metrics")
+    status["bestTrial"] = EVIL
+    page = html_report(bt, PNG, EVIL)
+    parsed = Page(page)
+    assert {t for t, _ in parsed.tags} <= TAGS
+    assert parsed.count("img") == 1 and parsed.count("script") == 0 and parsed.count("iframe") == 0
+    assert parsed.count("style") == 1 and parsed.count("table") == page.count("<table>")
+    for tag, attrs in parsed.tags:
+        assert not any(k.startswith("on") for k in attrs), (tag, attrs)
+        for key in ("src", "href", "action", "srcset", "background"):
+            assert key not in attrs or (tag == "img" and attrs[key].startswith("data:image/png;base64,"))
+    # Every hostile string arrives as text, whole: escaped, not dropped.
+    text = "".join(parsed.text)
+    assert text.count(EVIL) >= 20
+    assert "<script>" not in page and "onerror=\"" not in page and "<iframe" not in page
+
+
+def test_a_done_trial_without_a_common_load_reading_is_named_not_drawn_elsewhere():
+    bt = tuned()
+    trial = bt["status"]["trials"][1]
+    trial.pop("curveStep")
+    curve = next(s for s in trial["steps"] if s.get("purpose") == "Curve")
+    curve.pop("metrics")
+    curve.update(verdict="Unknown", verdictReason="not measured at the common load: LoadGeneratorFailed: 3 attempts")
+    picture = curve_picture(bt["status"]["trials"], bt["status"]["plan"]["curveLoad"])
+    assert trial["name"] not in [p.name for p in picture.points]
+    assert len(picture.points) == len(bt["status"]["trials"]) - 1
+    assert picture.missing == [f"{trial['name']} (seqs 16, gmu 90%): not measured at the common load: "
+                               "LoadGeneratorFailed: 3 attempts"]
+    # Each point is the trial's curve step, at the common load, never its capacity step.
+    for point in picture.points:
+        source = next(t for t in bt["status"]["trials"] if t["name"] == point.name)
+        assert point.metrics == source["steps"][source["curveStep"]]["metrics"]
+        assert source["steps"][source["curveStep"]]["load"] == 600
+    text = " ".join(Page(html_report(bt, PNG)).text)
+    assert "LoadGeneratorFailed: 3 attempts" in text and "Not drawn" in text
+
+
+@pytest.mark.parametrize("off, says", [
+    pytest.param(False, "holds no common curve load", id="old-status"),
+    pytest.param(True, "spec.report.curveLoad.type is Off", id="curves-off"),
+])
+def test_a_status_without_a_common_load_says_so(off, says):
+    bt = tuned()
+    bt["status"]["plan"].pop("curveLoad")
+    for trial in bt["status"]["trials"]:
+        trial.pop("curveStep", None)
+        trial["steps"] = [s for s in trial["steps"] if s.get("purpose") != "Curve"]
+    if off:
+        bt["spec"]["report"] = {"curveLoad": {"type": "Off"}}
+    picture = curve_picture(bt["status"]["trials"], None, off)
+    assert picture.points == [] and says in picture.why_none
+    assert says in " ".join(Page(html_report(bt, PNG)).text)
+    png = curves_png(bt["status"]["trials"], chosen=bt["status"]["bestTrial"], knee_seqs=None,
+                     slo=bt["spec"]["slo"], curve_load=None, curves_off=off)
+    assert png.startswith(b"\x89PNG")
+
+
+def test_the_curves_image_survives_hostile_text():
+    bt = tuned()
+    trial = bt["status"]["trials"][0]
+    trial.pop("curveStep")
+    next(s for s in trial["steps"] if s.get("purpose") == "Curve").update(verdictReason="$\\frac{1}{0}$ $x^$ " + EVIL)
+    bt["status"]["plan"]["curveLoad"]["source"] = "$\\undefined{$ " + EVIL
+    png = curves_png(bt["status"]["trials"], chosen=EVIL, knee_seqs=16, slo=bt["spec"]["slo"], title="$_$" + EVIL,
+                     curve_load=bt["status"]["plan"]["curveLoad"])
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+
+def test_twin_predictions_slot_in_where_a_trial_carries_them():
+    bt = tuned()
+    trial = bt["status"]["trials"][2]
+    measured = trial["metrics"]["itlMs"]
+    trial["predicted"] = {"itlMs": measured * 1.1, "sloCapacity": trial["metrics"]["sloCapacity"]}
+    bt["status"]["trials"][3]["prediction"] = {"metrics": {"outputThroughput": 1.0}}
+    assert predictions(trial) == trial["predicted"]
+    assert predictions(bt["status"]["trials"][3]) == {"outputThroughput": 1.0}
+    assert predictions(bt["status"]["trials"][0]) is None
+    text = " ".join(Page(html_report(bt, PNG)).text)
+    assert "+10.0%" in text and "+0.0%" in text and "inter-token latency (ms)" in text
+    del trial["predicted"], bt["status"]["trials"][3]["prediction"]
+    assert "No trial carries a performance prediction" in " ".join(Page(html_report(bt, PNG)).text)
+
+
+def test_the_memory_prefilter_is_held_against_what_the_trials_found():
+    bt = tuned()
+    status = bt["status"]
+    status["plan"]["notes"] = ["memory prefilter: twin model of Llama-3.1-8B on H100-SXM"]
+    status["trials"][3].update(state="Infeasible", reason="KvCacheTooSmall", verdict="Violated")
+    status["pruned"] = [{"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90},
+                         "reason": "DoesNotFitMemory", "message": "KV cache holds 301 sequences"}]
+    text = " ".join(Page(html_report(bt, PNG)).text)
+    assert f"{len(status['trials'])} settings tried, all predicted to fit; 1 did not." in text
+    assert "did not fit: KvCacheTooSmall" in text and "KV cache holds 301 sequences" in text
+
+
+def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte():
+    bt = tuned()
+    png = curves_png(bt["status"]["trials"], chosen=bt["status"]["bestTrial"], knee_seqs=None,
+                     slo=bt["spec"]["slo"], curve_load=bt["status"]["plan"]["curveLoad"])
+    body = configmap("inference", "tune", "uid-1", bt["spec"], bt["status"], png)
+    page = body["data"]["report.html"]
+    assert base64.b64encode(png).decode() in page and body["binaryData"]["curves.png"]
+    # A status as large as status can be: the least needed goes first, and the ConfigMap never breaks.
+    big = copy.deepcopy(bt["status"])
+    big["trials"] = [dict(copy.deepcopy(bt["status"]["trials"][i % 4]), name=f"tune-trial-{i}", message="m" * 1000,
+                          verdictReason="v" * 1000) for i in range(256)]
+    seen = []
+    for size in (50, 100, 130, 160, 200, 256):
+        body = configmap("inference", "tune", "uid-1", bt["spec"], dict(big, trials=big["trials"][:size]), png)
+        total = sum(len(k) + len(v.encode()) for k, v in body["data"].items()) + \
+            sum(len(k) + len(base64.b64decode(v)) for k, v in (body.get("binaryData") or {}).items())
+        assert total <= CONFIGMAP_BUDGET_BYTES < 1_048_576, size
+        page = body["data"].get("report.html", "")
+        json_ = json.loads(body["data"]["trials.json"])
+        seen.append(("\n  " in body["data"]["trials.json"], "steps" in json.dumps(json_.get("trials", [{}])[:1]),
+                     "data:image/png" in page, bool(page), "binaryData" in body, "trials" in json_))
+        if page and "data:image/png" not in page:
+            assert "it is curves.png beside it" in page
+    assert seen == [(True, True, True, True, True, True), (False, True, True, True, True, True),
+                    (False, False, True, True, True, True), (False, False, False, True, True, True),
+                    (False, False, False, False, True, True), (False, False, False, False, False, True)]
