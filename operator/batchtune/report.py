@@ -162,13 +162,15 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
     for point in picture.points:
         if isinstance(point.setting.get("maxNumSeqs"), int):
             columns.setdefault(_column(point.setting), []).append(point)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # One colour per (gmu, mbt) column in every panel, whichever panels it has points in.
+    colors = {col: cycle[i % len(cycle)] for i, col in enumerate(sorted({_column(t["setting"]) for t in done}))}
     latencies_drawn = False
-    for n, ((gmu, mbt), group) in enumerate(sorted(columns.items())):
+    for (gmu, mbt), group in sorted(columns.items()):
         group = sorted(group, key=lambda p: p.setting["maxNumSeqs"])
         xs = [p.setting["maxNumSeqs"] for p in group]
         label = f"gmu {gmu}%" + (f", mbt {mbt}" if mbt else "")
-        color = colors[n % len(colors)]
+        color = colors.get((gmu, mbt), "black")
         for ax, key, _, _ in panels:
             _line(ax, xs, [_number(p.metrics.get(key)) for p in group], group, color, "-", label)
         for (latency, name, _), style in zip(_LATENCIES, LATENCY_STYLES, strict=True):
@@ -250,7 +252,7 @@ def _line(ax: Any, xs: list[int], ys: list[float], points: list[CurvePoint], col
                 markerfacecolor="white", zorder=4)
 
 
-def _capacity_panel(ax: Any, done: list[Mapping[str, Any]], colors: list[str]) -> None:
+def _capacity_panel(ax: Any, done: list[Mapping[str, Any]], colors: Mapping[tuple[int, int], str]) -> None:
     """SLO capacity per trial: each at the highest load its own search found within the SLO."""
     ax.set_title("SLO capacity (each trial at its own highest passing load)", fontsize=10)
     ax.set_ylabel("requests/s within the SLO")
@@ -258,10 +260,10 @@ def _capacity_panel(ax: Any, done: list[Mapping[str, Any]], colors: list[str]) -
     for trial in done:
         if not math.isnan(_number((trial.get("metrics") or {}).get(M.SLO_CAPACITY))):
             columns.setdefault(_column(trial["setting"]), []).append(trial)
-    for n, ((gmu, mbt), group) in enumerate(sorted(columns.items())):
+    for (gmu, mbt), group in sorted(columns.items()):
         group = sorted(group, key=lambda t: t["setting"]["maxNumSeqs"])
         ax.plot([t["setting"]["maxNumSeqs"] for t in group], [t["metrics"][M.SLO_CAPACITY] for t in group],
-                marker="s", color=colors[n % len(colors)], label=f"gmu {gmu}%" + (f", mbt {mbt}" if mbt else ""))
+                marker="s", color=colors.get((gmu, mbt), "black"), label=f"gmu {gmu}%" + (f", mbt {mbt}" if mbt else ""))
     if columns:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8, loc="best")

@@ -37,7 +37,7 @@ h1{font-size:22px;margin:8px 0 2px}h2{font-size:17px;margin:26px 0 8px;border-bo
 h3{font-size:15px;margin:16px 0 6px}.sub{color:#5a6470;margin:0 0 10px}
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 th,td{border:1px solid #d5d9de;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f1f3f5}td:last-child{min-width:280px}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f1f3f5}td:last-child{min-width:200px;max-width:380px}.wide{overflow-x:auto}td.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.best td{background:#e6f4ea;font-weight:600}.Met{color:#137333}.Violated{color:#b3261e}.Unknown{color:#8a6d00}
 code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace;background:#f6f8fa}
 pre{padding:8px;white-space:pre-wrap;word-break:break-all;border:1px solid #e1e4e8}
@@ -108,6 +108,13 @@ def _dl(items: Iterable[tuple[str, str]]) -> str:
     """A definition list from (label, already-escaped value) pairs, empty values left out."""
     body = "".join(f"<dt>{h(k)}</dt><dd>{v}</dd>" for k, v in items if v)
     return f"<dl>{body}</dl>" if body else ""
+
+
+def _long(text: str, limit: int = 240) -> str:
+    """Long text cut in a table cell, whole in its tooltip."""
+    if len(text) <= limit:
+        return h(text)
+    return f'<span title="{h(text)}">{h(text[: limit - 1])}…</span>'
 
 
 def _verdict(value: Any) -> str:
@@ -200,7 +207,7 @@ def _trials(bt: Mapping[str, Any]) -> str:
         curve = steps[at] if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < len(steps) else None
         curve_metrics = _d(curve, "metrics")
         gpu = metrics.get(M.SM_ACTIVE_PERCENT, metrics.get(M.GPU_UTIL_PERCENT))
-        why = trial.get("verdictReason") or trial.get("message") or trial.get("reason")
+        why = str(trial.get("verdictReason") or trial.get("message") or trial.get("reason") or "")
         rows.append([h(trial.get("name")), h(setting.get("maxNumSeqs")), h(setting.get("gpuMemoryUtilizationPercent")),
                      h(setting.get("maxNumBatchedTokens")), h(trial.get("state")), _verdict(trial.get("verdict")),
                      h(_num(metrics.get(M.SLO_CAPACITY))), h(_num(metrics.get(M.SLO_CAPACITY_LOAD))),
@@ -208,7 +215,7 @@ def _trials(bt: Mapping[str, Any]) -> str:
                      h(_num(metrics.get(M.ITL_MS))), h(_num(metrics.get(M.E2E_MS))), h(_num(gpu)),
                      h(_num(metrics.get(M.KV_CACHE_USAGE_PEAK_PERCENT))),
                      h(_num(_m(curve_metrics, M.OUTPUT_THROUGHPUT))), h(_num(_m(curve_metrics, M.ITL_MS))),
-                     _verdict(_m(curve, "verdict")), h(why)])
+                     _verdict(_m(curve, "verdict")), _long(why)])
         classes.append("best" if best and trial.get("name") == best else "")
     out = [f"<h2>Trials</h2><p class=\"sub\">{len(trials)} trials; latencies at the SLO percentile; the bold row "
            "is the chosen one. SLO capacity is the highest load the trial's search found within every SLO.</p>",
@@ -222,7 +229,8 @@ def _trial_table(rows: list[list[str]], classes: list[str]) -> str:
     # Columns nothing filled in (mbt not searched, no common load, ...) are left out.
     keep = [j for j, head in enumerate(TRIAL_HEAD) if head in ("trial", "state", "why") or any(r[j] for r in rows)]
     numeric = frozenset(i for i, j in enumerate(keep) if 6 <= j <= 15)
-    return _table([h(TRIAL_HEAD[j]) for j in keep], [[r[j] for j in keep] for r in rows], classes, numeric)
+    table = _table([h(TRIAL_HEAD[j]) for j in keep], [[r[j] for j in keep] for r in rows], classes, numeric)
+    return f'<div class="wide">{table}</div>'
 
 
 def predictions(trial: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -123,6 +123,19 @@ def test_auto_tunes_applies_and_verifies_production(kube, namespace, operator, p
     assert owned_objects(kube, namespace, "tune") == []
     report = kube.core.read_namespaced_config_map("tune-report", namespace)
     assert "trials.csv" in report.data and "curves.png" in report.binary_data
+    # The curves' common load, run by every measured trial after its search: production's peak, or (the
+    # traffic started seconds before planning; 2 req/s gives fewer than 20 requests in an 8 s window) the
+    # largest batch planned.
+    curve = status["plan"]["curveLoad"]
+    if "requestsPerMinute" in curve:
+        assert "production's peak" in curve["source"], curve
+    else:
+        assert curve["concurrency"] == 64 and "the largest maxNumSeqs planned" in curve["source"], curve
+    load = curve.get("requestsPerMinute") or curve["concurrency"]
+    for trial in (t for t in status["trials"] if t["state"] == "Done"):
+        step = trial["steps"][trial["curveStep"]]
+        assert step["purpose"] == "Curve" and step["load"] == load and step["metrics"], trial
+    assert "data:image/png;base64," in report.data["report.html"] and "Succeeded" in report.data["report.html"]
 
 
 def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace, operator, prometheus_url,

@@ -180,6 +180,24 @@ def test_the_report_is_written_at_the_decision_and_again_once_production_has_spo
 
     w.ports = with_reports
     assert w.run_until(TERMINAL) == "Succeeded"
-    assert reports == ["Selecting", "Succeeded"]
+    assert reports == ["Applying", "Succeeded"]
     w.tick()
-    assert reports == ["Selecting", "Succeeded"]  # a terminal tuning is not written again
+    assert reports == ["Applying", "Succeeded"]  # a terminal tuning is not written again
+    recommended = world(apply={"mode": "Recommend"})
+    recommended.ports = lambda install=None, _p=recommended.ports: _with(_p(install), Reports())
+    reports.clear()
+    assert recommended.run_until(TERMINAL) == "Recommended" and reports == ["Recommended"]
+
+
+def _with(ports, reports):
+    ports.reports = reports
+    return ports
+
+
+def test_repeats_are_for_the_search_the_curve_step_runs_once():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, trial={"repeats": 2})
+    assert w.run_until(TERMINAL) == "Succeeded"
+    jobs = [c for c in w.created if c.startswith("Job/")]
+    trial = w.status["trials"][0]
+    searched = [s for s in trial["steps"] if s.get("purpose") != "Curve"]
+    assert len(jobs) == 2 * len(searched) + 1

@@ -36,8 +36,9 @@ const found = {};
 function inspect(frame) {
   const doc = frame.contentDocument;
   const trials = [...doc.querySelectorAll("h2")].find(h => h.textContent === "Trials");
-  let table = trials;
-  while (table && table.tagName !== "TABLE") table = table.nextElementSibling;
+  let table = null;
+  for (let el = trials; el && !table; el = el.nextElementSibling)
+    table = el.tagName === "TABLE" ? el : el.querySelector("table");
   return {
     images: [...doc.images].map(i => ({complete: i.complete, width: i.naturalWidth, height: i.naturalHeight,
                                        shown: i.getBoundingClientRect().width})),

@@ -71,8 +71,8 @@ def select(tick: Tick) -> None:
             reason += ": no trial finished a measurement (see each trial's reason)"
         else:
             reason += ": the SLO (spec.slo) is not met by any setting tried; relax the targets or widen spec.searchSpace"
-        submit_report(tick)
         tick.fail(Reason.NO_FEASIBLE_SETTING, reason)
+        submit_report(tick)
         return
     try:
         peak, peak_source = production_peak(tick, target)
@@ -94,7 +94,6 @@ def select(tick: Tick) -> None:
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
     tick.status.best_setting = chosen.best.label()
-    submit_report(tick)
     manager = gitops_manager(target.deployment)
     if tick.apply_mode(target) == "Recommend":
         why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
@@ -102,8 +101,10 @@ def select(tick: Tick) -> None:
         message = f"Recommended {chosen.best.label()} ({why}): {reason}" + _for(tick)
         tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
         tick.event(False, Reason.RECOMMENDATION_READY, message)
+        submit_report(tick)
         return
     tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {reason}" + _for(tick))
+    submit_report(tick)  # again when production has verified or rolled back (controller.reconcile)
 
 
 def judge_current(tick: Tick, target: Target, objective: Objective, chosen: Selection,
@@ -149,10 +150,10 @@ def keep(tick: Tick, target: Target, objective: Objective, current: TrialRecord,
         container=ContainerArgs.model_validate(runs.to_wire()))
     tick.status.best_trial = current.name
     tick.status.best_setting = current.setting.summary()
-    submit_report(tick)
     phase = Phase.RECOMMENDED if tick.apply_mode(target) == "Recommend" else Phase.SUCCEEDED
     message = f"Kept production's setting ({current.setting.summary()}): {judged.message}" + _for(tick)
     tick.set_phase(phase, judged.reason, message)
+    submit_report(tick)  # after the phase, so the page names it
     if none_feasible:
         tick.condition(ConditionType.DEGRADED, True, Reason.NO_FEASIBLE_SETTING, message)
         tick.event(True, Reason.NO_FEASIBLE_SETTING, message)

@@ -512,7 +512,7 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         lengthen(tick, trial, current, longer, result.metrics.get(M.SAMPLES))
         return
     current.results.append(RunRecord(metrics=dict(result.metrics), cross_check=result.cross_check))
-    if len(current.results) < config.repeats:
+    if len(current.results) < protocol.runs_needed(is_curve(current), config):
         current.repeat += 1
         current.attempt = 0
         return

@@ -364,7 +364,7 @@ def production_peak_curve_load(peak_requests_per_second: float | None, ready_rep
     if peak_requests_per_second is None or not math.isfinite(peak_requests_per_second) \
             or peak_requests_per_second <= 0:
         return CurveLoad(largest_seqs, False, f"{fallback}: production's peak request rate is unknown "
-                                              "(no requests in Prometheus over the last hour)")
+                                              "(Prometheus has no request rate for production over the last hour)")
     replicas = max(1, ready_replicas)
     per_minute = max(1, math.ceil(peak_requests_per_second * 60 / replicas))
     peak = (f"production's peak 1-minute rate over the last hour, {peak_requests_per_second:.3g} req/s over "
@@ -380,6 +380,11 @@ def search_step_at(steps: Sequence[StepResult], curve: CurveLoad, config: Protoc
     if curve.open_loop != config.open_loop:
         return None
     return next((i for i, s in enumerate(steps) if s.load == curve.load), None)
+
+
+def runs_needed(curve: bool, config: ProtocolConfig) -> int:
+    """Runs a step takes: `repeats` for the search's; one for the curve step (it decides nothing)."""
+    return 1 if curve else config.repeats
 
 
 @dataclass(frozen=True)
