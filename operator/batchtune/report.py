@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from batchtune.api.models import BEYOND_LAST_BUCKET_MS
 from batchtune.core.vocabulary import M
 
 CSV_COLUMNS = [
@@ -166,6 +167,10 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
     # One colour per (gmu, mbt) column in every panel, whichever panels it has points in.
     colors = {col: cycle[i % len(cycle)] for i, col in enumerate(sorted({_column(t["setting"]) for t in done}))}
     latencies_drawn = False
+    # A latency beyond the histogram's last bucket (status holds +inf as BEYOND_LAST_BUCKET_MS: an overloaded
+    # setting at this load) is drawn at a ceiling above every finite reading, not at 10^12 ms.
+    ceiling = latency_ceiling(picture.points, slo)
+    overloaded = False
     for (gmu, mbt), group in sorted(columns.items()):
         group = sorted(group, key=lambda p: p.setting["maxNumSeqs"])
         xs = [p.setting["maxNumSeqs"] for p in group]
@@ -177,7 +182,10 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
             ys = [_number(p.metrics.get(latency)) for p in group]
             if any(not math.isnan(y) for y in ys):
                 latencies_drawn = True
-                _line(lat_ax, xs, ys, group, color, style, f"{name}, {label}")
+                beyond = [y >= BEYOND_LAST_BUCKET_MS for y in ys]
+                overloaded = overloaded or any(beyond)
+                _line(lat_ax, xs, [ceiling if b else y for y, b in zip(ys, beyond, strict=True)], group, color,
+                      style, f"{name}, {label}", beyond)
     for ax, _, ylabel, heading in panels:
         ax.set_ylabel(ylabel)
         ax.set_title(heading, fontsize=10)
@@ -192,6 +200,12 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
                 lat_ax.axhline(target, linestyle="--", linewidth=1, color="grey")
                 lat_ax.annotate(f"{name} SLO {target} ms", (0.99, target), xycoords=("axes fraction", "data"),
                                 fontsize=8, color="grey", va="bottom", ha="right")
+        if overloaded:
+            lat_ax.axhline(ceiling, linestyle=(0, (1, 3)), linewidth=1, color="firebrick")
+            lat_ax.annotate("\u25b2 beyond the latency histogram's last bucket (overloaded at this load)",
+                            (0.01, ceiling), xycoords=("axes fraction", "data"), fontsize=8, color="firebrick",
+                            va="bottom", ha="left")
+            lat_ax.set_ylim(top=ceiling * 4)
     if not picture.points:
         why = picture.why_none or "no Done trial has a reading at the common load"
         for ax in (util_ax, tput_ax, lat_ax):
@@ -243,13 +257,29 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
     return buf.getvalue()
 
 
+def latency_ceiling(points: Sequence[CurvePoint], slo: Mapping[str, Any]) -> float:
+    """Where the latency panel draws a reading beyond the histogram's last bucket: 4x above the highest
+    finite latency or SLO target, so the finite curve keeps its scale."""
+    finite = [y for p in points for key, _, _ in _LATENCIES
+              if not math.isnan(y := _number(p.metrics.get(key))) and 0 < y < BEYOND_LAST_BUCKET_MS]
+    targets = [float(t) for _, _, f in _LATENCIES if isinstance(t := slo.get(f), (int, float))
+               and not isinstance(t, bool) and t > 0]
+    return 4 * max(finite + targets, default=1000.0)
+
+
 def _line(ax: Any, xs: list[int], ys: list[float], points: list[CurvePoint], color: str, style: str,
-          label: str) -> None:
+          label: str, beyond: Sequence[bool] = ()) -> None:
     ax.plot(xs, ys, marker="o", color=color, linestyle=style, label=label)
-    misses = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p.verdict != "Met" and not math.isnan(y)]
+    clipped = list(beyond) or [False] * len(xs)
+    misses = [(x, y) for x, y, p, c in zip(xs, ys, points, clipped, strict=True)
+              if p.verdict != "Met" and not math.isnan(y) and not c]
     if misses:
         ax.plot([m[0] for m in misses], [m[1] for m in misses], marker="o", linestyle="none", color=color,
                 markerfacecolor="white", zorder=4)
+    over = [(x, y) for x, y, c in zip(xs, ys, clipped, strict=True) if c]
+    if over:
+        ax.plot([o[0] for o in over], [o[1] for o in over], marker="^", markersize=9, linestyle="none",
+                color=color, markerfacecolor="white", zorder=5)
 
 
 def _capacity_panel(ax: Any, done: list[Mapping[str, Any]], colors: Mapping[tuple[int, int], str]) -> None:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from batchtune.api.models import BEYOND_LAST_BUCKET_MS
 from batchtune.core.vocabulary import MEMORY_REASONS, M, Reason
 from batchtune.report import curve_picture
 
@@ -70,6 +71,13 @@ def _d(obj: Any, *keys: str) -> Mapping[str, Any]:
 
 def _list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _ms(value: Any) -> str:
+    """A latency: status holds one beyond the histogram's last bucket as BEYOND_LAST_BUCKET_MS."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= BEYOND_LAST_BUCKET_MS:
+        return "beyond histogram"
+    return _num(value)
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -211,10 +219,10 @@ def _trials(bt: Mapping[str, Any]) -> str:
         rows.append([h(trial.get("name")), h(setting.get("maxNumSeqs")), h(setting.get("gpuMemoryUtilizationPercent")),
                      h(setting.get("maxNumBatchedTokens")), h(trial.get("state")), _verdict(trial.get("verdict")),
                      h(_num(metrics.get(M.SLO_CAPACITY))), h(_num(metrics.get(M.SLO_CAPACITY_LOAD))),
-                     h(_num(metrics.get(M.OUTPUT_THROUGHPUT))), h(_num(metrics.get(M.TTFT_MS))),
-                     h(_num(metrics.get(M.ITL_MS))), h(_num(metrics.get(M.E2E_MS))), h(_num(gpu)),
+                     h(_num(metrics.get(M.OUTPUT_THROUGHPUT))), h(_ms(metrics.get(M.TTFT_MS))),
+                     h(_ms(metrics.get(M.ITL_MS))), h(_ms(metrics.get(M.E2E_MS))), h(_num(gpu)),
                      h(_num(metrics.get(M.KV_CACHE_USAGE_PEAK_PERCENT))),
-                     h(_num(_m(curve_metrics, M.OUTPUT_THROUGHPUT))), h(_num(_m(curve_metrics, M.ITL_MS))),
+                     h(_num(_m(curve_metrics, M.OUTPUT_THROUGHPUT))), h(_ms(_m(curve_metrics, M.ITL_MS))),
                      _verdict(_m(curve, "verdict")), _long(why)])
         classes.append("best" if best and trial.get("name") == best else "")
     out = [f"<h2>Trials</h2><p class=\"sub\">{len(trials)} trials; latencies at the SLO percentile; the bold row "

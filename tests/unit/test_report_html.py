@@ -168,6 +168,35 @@ def test_a_status_without_a_common_load_says_so(off, says):
     assert png.startswith(b"\x89PNG")
 
 
+def test_a_latency_beyond_the_histogram_is_drawn_at_a_ceiling_and_named_in_the_table(monkeypatch):
+    # At a common load a small batch can be overloaded: its percentile is past the histogram's last bucket,
+    # which status holds as 1e12 ms. The panel keeps the finite curve's scale; the table says it in words.
+    import matplotlib.pyplot as plt
+
+    from batchtune.api.models import BEYOND_LAST_BUCKET_MS
+    from batchtune.report import latency_ceiling
+
+    bt = tuned()
+    trials = bt["status"]["trials"]
+    smallest = min((t for t in trials if t["state"] == "Done"), key=lambda t: t["setting"]["maxNumSeqs"])
+    step = smallest["steps"][smallest["curveStep"]]
+    step["metrics"].update(ttftMs=BEYOND_LAST_BUCKET_MS, itlMs=BEYOND_LAST_BUCKET_MS)
+    step["verdict"] = "Violated"
+    picture = curve_picture(trials, bt["status"]["plan"]["curveLoad"])
+    finite = max(v for p in picture.points for k, v in p.metrics.items()
+                 if k in ("ttftMs", "itlMs", "e2eMs") and v < BEYOND_LAST_BUCKET_MS)
+    ceiling = latency_ceiling(picture.points, bt["spec"]["slo"])
+    assert ceiling == 4 * max(finite, *(v for k, v in bt["spec"]["slo"].items() if k.endswith("Milliseconds")))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    curves_png(trials, chosen=None, knee_seqs=None, slo=bt["spec"]["slo"], curve_load=bt["status"]["plan"]["curveLoad"])
+    latency_axis = figures[0].axes[2]
+    assert latency_axis.get_ylim()[1] <= ceiling * 4 < BEYOND_LAST_BUCKET_MS / 1000
+    assert any("beyond the latency histogram" in t.get_text() for t in latency_axis.texts)
+    text = " ".join(Page(html_report(bt, PNG)).text)
+    assert "beyond histogram" in text and "1,000,000,000,000" not in text
+
+
 def test_the_curves_image_survives_hostile_text():
     bt = tuned()
     trial = bt["status"]["trials"][0]
