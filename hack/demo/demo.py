@@ -1,4 +1,4 @@
-"""Drives the demo on a running local cluster (hack/demo/run starts it): install, deploy, tune, report."""
+"""Drives the demo on a running local cluster (hack/demo/run starts it): install, deploy, tune, report (HTML)."""
 
 from __future__ import annotations
 
@@ -123,9 +123,11 @@ def main() -> int:
         print(f"    recorded on the Deployment (batchtune.io/applied): {mark}")
 
     step("Report")
-    run(*BATCHTUNE, "report", "llama-70b", "-n", NAMESPACE, "--out", str(args.out))
+    run(*BATCHTUNE, "report", "llama-70b", "-n", NAMESPACE, "--out", str(args.out), "--html")
     elapsed = time.time() - args.started
-    print(f"\nThe three curves: {args.out / 'curves.png'}\nThe trial table: {args.out / 'trials.csv'}")
+    print(f"\nThe report, one page to open in a browser: {args.out / 'report.html'}"
+          f"\nThe three curves at one common load, and SLO capacity: {args.out / 'curves.png'}"
+          f"\nThe trial table: {args.out / 'trials.csv'}")
     print(f"Demo finished ({final}) in {elapsed / 60:.1f} minutes. Stop the cluster with: "
           f"BATCHTUNE_CLUSTER_DIR={os.environ.get('BATCHTUNE_CLUSTER_DIR')} hack/localcluster/down")
     expected = "RolledBack" if args.rollback else "Succeeded"
