@@ -131,7 +131,8 @@ def test_install_wait_upgrade_and_the_operator_reconciles_under_chart_rbac(
         namespace, cluster.prometheus_url, name="real",
         searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
         strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1}, objective={"type": "OutputThroughput"},
-        load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, apply={"mode": "Recommend"}))
+        load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, apply={"mode": "Recommend"},
+        report={"curveLoad": {"concurrency": 4}}))  # the search's load: no extra curve step
 
     def decided():
         bt = kube.custom.get_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", "real")

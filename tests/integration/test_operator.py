@@ -148,7 +148,8 @@ def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace
     quick = dict(searchSpace={"maxNumSeqs": {"values": [16, 32]}, "gpuMemoryUtilizationPercent": [95]},
                  strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 2},
                  objective={"type": "OutputThroughput"}, load={"inputTokens": 256, "outputTokens": 64,
-                                                               "concurrency": 8})
+                                                               "concurrency": 8},
+                 report={"curveLoad": {"concurrency": 8}})  # the search's load: no extra curve step
     apply(kube, batchtuning(namespace, prometheus_url, name="rec", target="plain", apply={"mode": "Recommend"},
                             **quick))
     apply(kube, batchtuning(namespace, prometheus_url, name="gitops", target="argo", **quick))
@@ -162,6 +163,9 @@ def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace
         assert json.loads(recommendation["jsonPatch"]) is not None
         assert "kind: Deployment" in recommendation["kustomizePatch"]
         assert "maxNumSeqs" in recommendation["helmValues"]
+        # The curves' load is the search's own: each trial's one search step is its curve point.
+        for trial in bt["status"]["trials"]:
+            assert len(trial["steps"]) == 1 and trial["curveStep"] == 0, trial
     for name, dep in before.items():
         now = kube.apps.read_namespaced_deployment(name, namespace)
         assert now.metadata.generation == dep.metadata.generation
@@ -198,7 +202,7 @@ def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prome
                             strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
                             objective={"type": "OutputThroughput"},
                             load={"inputTokens": 256, "outputTokens": 64, "concurrency": 8},
-                            apply={"mode": "Recommend"}))
+                            report={"curveLoad": {"concurrency": 8}}, apply={"mode": "Recommend"}))
     prom_pid = next(p.pid for p in cluster.processes if p.name == "prometheus")
 
     def load_running():
@@ -293,6 +297,7 @@ def test_failed_verify_rolls_back_to_the_exact_previous_args(kube, namespace, op
                             strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
                             objective={"type": "OutputThroughput"},
                             load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4},
+                            report={"curveLoad": {"concurrency": 4}},  # the search's load: no extra step
                             apply={"verifySeconds": 20, "cooldownSeconds": 0, "maxRegressionPercent": 50}))
     wait_phase(kube, namespace, "tune", {"Verifying", "Failed", "Succeeded"}, 240, operator)
     # Production degrades during verify: far more concurrent users than the setting can serve.
@@ -325,7 +330,8 @@ def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace,
     quick = dict(searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
                  strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
                  objective={"type": "OutputThroughput"},
-                 load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, apply={"mode": "Recommend"})
+                 load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, apply={"mode": "Recommend"},
+                 report={"curveLoad": {"concurrency": 4}})  # the search's load: no extra curve step
     cases = {
         "missing": dict(target="nope", **quick),
         "novllm": dict(target="novllm", **quick),
@@ -366,6 +372,7 @@ def test_spec_change_replans_and_deletion_during_verify_restores_production(kube
     one = dict(strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
                objective={"type": "OutputThroughput"},
                load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4},
+               report={"curveLoad": {"concurrency": 4}},  # the search's load: no extra curve step
                apply={"verifySeconds": 600, "cooldownSeconds": 0})
     apply(kube, batchtuning(namespace, prometheus_url, searchSpace={"maxNumSeqs": {"values": [16]},
                                                                     "gpuMemoryUtilizationPercent": [95]}, **one))

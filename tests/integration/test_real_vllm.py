@@ -375,6 +375,8 @@ def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace
             objective={"type": "OutputThroughput"},
             # One fixed load for every trial: 16 streams, so max-num-seqs 2 and 8 queue and 32 does not.
             load={"inputTokens": 64, "outputTokens": 32, "concurrency": 16},
+            # The report's curves at that same load: each trial's search step is its curve point, no extra run.
+            report={"curveLoad": {"concurrency": 16}},
             slo={"percentile": "P95", "e2eLatencyMilliseconds": 20000, "maxErrorRatePercent": 1,
                  "headroomPercent": 10},
             trial={"warmupSeconds": 5, "measureSeconds": 20, "readinessTimeoutSeconds": READY_TIMEOUT_S},
@@ -424,6 +426,9 @@ def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace
     mark = json.loads(dep.metadata.annotations["batchtune.io/applied"])
     assert mark["state"] == "Verified" and mark["previous"] == {"args": args}
     assert condition(bt, "Succeeded")["status"] == "True"
+    # The curves' load is the search's own: every trial's curve point is its search step, no extra run.
+    assert all(t.get("curveStep") is not None and not any(s.get("purpose") == "Curve" for s in t["steps"])
+               for t in trials.values()), json.dumps(status["trials"], indent=1)[-3000:]
     OBSERVED["auto"] = {"chosen": chosen, "met": met, "waiting": waiting, "knee": knee,
                         "throughput": {s: t["metrics"].get("outputThroughput") for (s, _), t in trials.items()}}
     print(f"\nauto tuning on real vLLM: {json.dumps(OBSERVED['auto'])} in {OBSERVED['tuning_s']} s")
@@ -449,6 +454,7 @@ def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kub
         objective={"type": "OutputThroughput"},
         # The engine's own benchmark as the load generator: `vllm bench serve` from production's image.
         load={"generator": "VllmBench", "inputTokens": 64, "outputTokens": 32, "concurrency": 2},
+        report={"curveLoad": {"concurrency": 2}},  # the search's own load: no extra run on real vLLM
         slo={"percentile": "P95", "e2eLatencyMilliseconds": 3000, "maxErrorRatePercent": 1},
         trial={"warmupSeconds": 5, "measureSeconds": 15, "readinessTimeoutSeconds": READY_TIMEOUT_S},
         apply={"verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50, "verifyMinRequests": 10,
