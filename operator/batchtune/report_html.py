@@ -320,10 +320,21 @@ def _workload(bt: Mapping[str, Any]) -> str:
         ("ttftMilliseconds", "TTFT"), ("interTokenLatencyMilliseconds", "inter-token latency"),
         ("e2eLatencyMilliseconds", "end-to-end latency")) if slo.get(key))
     source = workload.get("source")
+    measured = source == "production"
+    origin = {"production": "production's measured profile, mean", "spec": "spec.load",
+              "trace": "the trace"}.get(str(source), f"from {source}" if source else "spec.load")
     tokens = (f"{workload.get('inputTokens')} prompt / {workload.get('outputTokens')} output tokens per request "
-              f"(from {source})" if workload.get("inputTokens") else
+              f"({origin})" if workload.get("inputTokens") else
               f"{load.get('inputTokens', 512)} prompt / {load.get('outputTokens', 128)} output tokens per request "
               "(spec.load)")
+    if measured and workload.get("requestsPerSecond") is not None:
+        rate = (f"{_num(workload['requestsPerSecond'])} req/s mean, {_num(workload.get('peakRequestsPerSecond'))} "
+                f"req/s peak over {workload.get('lookbackSeconds')} s"
+                + (f" ({workload['replicas']} replicas together)" if workload.get("replicas") else ""))
+    elif measured and workload.get("requestsPerMinute"):
+        rate = f"{workload['requestsPerMinute']} requests/min over the lookback"
+    else:
+        rate = ""
     if load.get("concurrency"):
         search_load = f"{load['concurrency']} concurrent requests (spec.load.concurrency)"
     elif load.get("requestsPerMinute"):
@@ -335,10 +346,10 @@ def _workload(bt: Mapping[str, Any]) -> str:
            '<p class="sub">A setting is best for a workload: this is the one the trials ran, and the decision '
            "holds while production's traffic looks like it.</p>",
            _dl([
+               ("Workload", h(workload.get("summary"))),
                ("Model", h(plan.get("model"))), ("GPU", h(plan.get("gpuProduct"))),
                ("Request shape", h(tokens)),
-               ("Production's rate", h(f"{workload['requestsPerMinute']} requests/min over the lookback")
-                if workload.get("requestsPerMinute") else ""),
+               ("Production's rate", h(rate)),
                ("Load of the search", h(search_load)), ("Load generator", h(load.get("generator") or "Builtin")),
                ("Curves' common load", h(_curve_words(plan.get("curveLoad")))),
                ("SLO", h(f"{targets}; errors at most {slo.get('maxErrorRatePercent', 1)}%; "

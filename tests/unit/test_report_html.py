@@ -79,6 +79,18 @@ def test_the_page_has_the_decision_curves_trials_predictions_and_workload():
     assert ("meta", {"http-equiv": "Content-Security-Policy", "content": CSP}) in parsed.tags
     assert "300 prompt / 100 output tokens" not in text  # spec.load's lengths, not production's: not fromProduction
     assert "512 prompt / 128 output tokens per request (spec.load)" in text
+    assert status["workload"]["summary"] in text  # the workload the decision holds for, in status's words
+
+
+def test_a_measured_production_workload_is_shown_with_its_rates():
+    bt = tuned()
+    bt["status"]["workload"] = {"source": "production", "summary": "production over 3600s: chat, 2.5 req/s",
+                                "inputTokens": 300, "outputTokens": 100, "requestsPerSecond": 2.5,
+                                "peakRequestsPerSecond": 4.0, "lookbackSeconds": 3600, "replicas": 2}
+    text = " ".join(Page(html_report(bt, PNG)).text)
+    assert "production over 3600s: chat, 2.5 req/s" in text
+    assert "300 prompt / 100 output tokens per request (production's measured profile, mean)" in text
+    assert "2.5 req/s mean, 4 req/s peak over 3600 s (2 replicas together)" in text
 
 
 def test_nothing_from_the_batchtuning_becomes_markup_or_script():
