@@ -242,8 +242,8 @@ def _trial_table(rows: list[list[str]], classes: list[str]) -> str:
 
 
 def predictions(trial: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A twin's prediction of a trial's metrics, where a twin-guided strategy put one on the trial: `predicted`
-    (the same metric keys as `metrics`), or `prediction.metrics`. None: not predicted."""
+    """The twin's prediction of a trial's metrics (strategy TwinGuided: `prediction.metrics`, the same keys as
+    `metrics`; `predicted` is read too). None: not predicted."""
     for found in (trial.get("predicted"), _m(trial, "prediction", "metrics")):
         if isinstance(found, Mapping) and found:
             return found
@@ -293,7 +293,12 @@ def _predicted(bt: Mapping[str, Any]) -> str:
     else:
         rows = []
         for trial, pred in predicted[:MAX_TABLE_ROWS]:
-            figures = _d(trial, "metrics")
+            # TwinGuided predicts the figures at its predicted capacity, where the trial's first step ran:
+            # that step is what the prediction is held against (else the trial's own figures).
+            steps = [s for s in _list(trial.get("steps")) if isinstance(s, Mapping) and s.get("purpose") != "Curve"]
+            at = _m(trial, "prediction", "capacityLoad")
+            first = steps[0] if steps and at is not None and steps[0].get("load") == at else None
+            figures = _d(first, "metrics") if first is not None else _d(trial, "metrics")
             for key, words, unit in COMPARED:
                 p, m = pred.get(key), figures.get(key)
                 if not _num(p) and not _num(m):

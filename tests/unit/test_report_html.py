@@ -235,6 +235,18 @@ def test_twin_predictions_slot_in_where_a_trial_carries_them():
     assert "No trial carries a performance prediction" in " ".join(Page(html_report(bt, PNG)).text)
 
 
+def test_a_twin_guided_prediction_is_held_against_the_first_step_it_predicted():
+    bt = tuned()
+    trial = next(t for t in bt["status"]["trials"] if len([s for s in t["steps"] if s.get("purpose") != "Curve"]) > 1)
+    first = trial["steps"][0]
+    first["metrics"]["outputThroughput"] = trial["metrics"]["outputThroughput"] / 2  # a lower load's figure
+    trial["prediction"] = {"objective": 1.0, "capacityLoad": first["load"],
+                           "metrics": {"outputThroughput": first["metrics"]["outputThroughput"] * 1.2}}
+    assert first["metrics"]["outputThroughput"] != trial["metrics"]["outputThroughput"]  # not the deciding step
+    text = " ".join(Page(html_report(bt, PNG)).text)
+    assert "+20.0%" in text
+
+
 def test_the_memory_prefilter_is_held_against_what_the_trials_found():
     bt = tuned()
     status = bt["status"]
