@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from batchtune.core import (
     find_knee,
     select_best,
 )
+from batchtune.core.knee import Knee, curve_point, gain_per_doubling
 from batchtune.core.vocabulary import FINISHED_TRIAL_STATES
 
 SLO = SloTargets(e2e_ms=2000, headroom_percent=10)
@@ -36,6 +38,45 @@ def test_knee_detection():
     # Flat throughput but falling latency is not a knee.
     assert find_knee([CurvePoint(8, 100, 300), CurvePoint(16, 101, 200)]) is None
     assert find_knee([CurvePoint(8, 100, 100), CurvePoint(16, 190, 120)]) is None
+
+
+def test_knee_reason_quotes_gain_throughput_and_latency():
+    knee = find_knee([CurvePoint(8, 100, 300), CurvePoint(16, 105, 400)])
+    assert knee == Knee(8, "throughput gains 5.0% per doubling from max-num-seqs 8 to 16 (100 -> 105), latency 300 -> 400 ms, below 10%")
+    knee = find_knee([CurvePoint(8, 100), CurvePoint(16, 105, 400)])
+    assert knee == Knee(8, "throughput gains 5.0% per doubling from max-num-seqs 8 to 16 (100 -> 105), below 10%")
+
+
+def test_knee_needs_latency_to_rise_and_gain_to_fall_below_the_threshold():
+    # Equal latency does not rise: no knee.
+    assert find_knee([CurvePoint(8, 100, 300), CurvePoint(16, 101, 300)]) is None
+    # A gain exactly at the threshold is still worth it.
+    assert find_knee([CurvePoint(8, 100, 100), CurvePoint(16, 150, 200)], threshold_percent=50) is None
+    # A flat step with falling latency does not end the search: the next step is the knee.
+    knee = find_knee([CurvePoint(8, 100, 300), CurvePoint(16, 101, 200), CurvePoint(32, 102, 400)])
+    assert knee is not None and knee.max_num_seqs == 16
+    # Every adjacent pair is looked at, in max-num-seqs order.
+    knee = find_knee([CurvePoint(32, 300, 150), CurvePoint(8, 100, 100), CurvePoint(16, 200, 120), CurvePoint(64, 310, 300)])
+    assert knee is not None and knee.max_num_seqs == 32
+
+
+def test_gain_per_doubling():
+    assert gain_per_doubling(CurvePoint(8, 100), CurvePoint(32, 169)) == pytest.approx(30.0)
+    assert gain_per_doubling(CurvePoint(8, 100), CurvePoint(16, 150)) == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("metrics, point", [
+    pytest.param({"outputThroughput": 100, "e2eMs": 900, "itlMs": 30}, CurvePoint(8, 100, 900), id="e2e-first"),
+    pytest.param({"outputThroughput": 100, "e2eMs": math.nan, "itlMs": 30, "ttftMs": 200}, CurvePoint(8, 100, 30), id="first-finite-latency"),
+    pytest.param({"outputThroughput": 100, "ttftMs": 200}, CurvePoint(8, 100, 200), id="ttft-last"),
+    pytest.param({"outputThroughput": 100}, CurvePoint(8, 100, None), id="no-latency"),
+    pytest.param({"outputThroughput": math.inf, "requestThroughput": 5}, CurvePoint(8, 5, None), id="inf-throughput-is-skipped"),
+    pytest.param({"requestThroughput": 0.5}, CurvePoint(8, 0.5, None), id="below-one-is-a-throughput"),
+    pytest.param({"requestThroughput": 0}, None, id="zero-throughput"),
+    pytest.param({"outputThroughput": "x", "e2eMs": 100}, None, id="junk-throughput"),
+])
+def test_curve_point(metrics, point):
+    assert curve_point(8, metrics) == point
 
 
 def test_prefers_knee_within_headroom():

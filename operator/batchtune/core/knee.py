@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from batchtune.core.vocabulary import M
 
@@ -58,7 +59,7 @@ def find_knee(points: Sequence[CurvePoint], threshold_percent: float = KNEE_GAIN
     """The first max-num-seqs past which the gain per doubling falls below the threshold while
     latency rises (latency unknown on either side: the gain alone decides)."""
     ordered = sorted({p.max_num_seqs: p for p in points}.values(), key=lambda p: p.max_num_seqs)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in pairwise(ordered):
         gain = gain_per_doubling(a, b)
         if gain >= threshold_percent:
             continue
