@@ -100,3 +100,7 @@ def test_only_the_operator_image_and_listed_images_run():
     assert load_image_problem("op:1", "op:1", []) is None
     assert load_image_problem("registry/a:1", "op:1", ["registry/a:1"]) is None
     assert load_image_problem("registry/a:1", "op:1", []) is not None
+
+
+def test_a_tag_may_hold_any_letter():
+    assert load_image_problem("registry/loadgen:X1-rc", "op:1", ["registry/loadgen:X1-rc"]) is None
