@@ -97,7 +97,7 @@ def fingerprint(container: Mapping[str, Any]) -> str:
     """What a trial clones from production's engine container, hashed: a change means stale measurements."""
     relevant = {k: container.get(k) for k in ("image", "command", "args", "env", "envFrom", "resources",
                                               "volumeMounts")}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def args_patch(container: str, args: ContainerArgs, annotations: Mapping[str, str | None],
