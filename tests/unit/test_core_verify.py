@@ -177,3 +177,8 @@ def test_latency_regression_tolerance(before, after, verdict):
 ])
 def test_zero_tolerance_allows_no_change_but_no_worse(before, after, verdict):
     assert judge(SLO, 0, {**BEFORE, **before}, {**AFTER, **after}).verdict is verdict
+
+
+def test_a_before_of_zero_excuses_nothing():
+    assert judge(SLO, MAX_REGRESSION, {**BEFORE, "itlMs": 0.0}, {**AFTER, "itlMs": 80.0}) == VerifyResult(
+        Verdict.VIOLATED, "p95 itlMs 80 ms > 40 ms target, was 0 ms")
