@@ -19,7 +19,7 @@ from batchtune.core import (
     find_knee,
     select_best,
 )
-from batchtune.core.knee import Knee, curve_point, gain_per_doubling
+from batchtune.core.knee import Knee, curve_point, gain_per_doubling, mean_point
 from batchtune.core.vocabulary import FINISHED_TRIAL_STATES
 
 SLO = SloTargets(e2e_ms=2000, headroom_percent=10)
@@ -164,6 +164,18 @@ def test_repeats_are_averaged_for_the_objective_and_the_curve():
     assert sel.knee.reason == ("throughput gains 1.5% per doubling from max-num-seqs 16 to 32 (650 -> 660), "
                                "latency 120 -> 300 ms, below 20%")
     assert "output throughput 650 tok/s" in sel.verdicts["t-16-90-r1"]
+
+
+def test_a_tie_names_the_setting_that_ranks_first():
+    sel = select_best([done(16, 900, 100), done(32, 900, 120)], "OutputThroughput", SLO)
+    assert sel.best == Setting(16, 90)
+    assert sel.verdicts["t-32-90"] == ("not chosen: met the SLO with output throughput 900 tok/s, the same as "
+                                       "seqs=16 gmu=90%, which ranks first as the smaller setting")
+
+
+def test_mean_point_of_repeats():
+    assert mean_point([CurvePoint(16, 600, 100), CurvePoint(16, 700), CurvePoint(16, 800, 140)]) == CurvePoint(16, 700, 120)
+    assert mean_point([CurvePoint(16, 600)]) == CurvePoint(16, 600, None)
 
 
 def test_rejection_wording():

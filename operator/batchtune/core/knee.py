@@ -49,6 +49,13 @@ def curve_point(max_num_seqs: int, metrics: Mapping[str, object]) -> CurvePoint 
     return CurvePoint(max_num_seqs, throughput, latency)
 
 
+def mean_point(points: Sequence[CurvePoint]) -> CurvePoint:
+    """One point from the repeats at one max-num-seqs: the mean throughput, the mean of the known latencies."""
+    latencies = [p.latency_ms for p in points if p.latency_ms is not None]
+    return CurvePoint(points[0].max_num_seqs, sum(p.throughput for p in points) / len(points),
+                      sum(latencies) / len(latencies) if latencies else None)
+
+
 def gain_per_doubling(a: CurvePoint, b: CurvePoint) -> float:
     """Relative throughput gain per doubling of max-num-seqs between two points, in percent."""
     doublings = math.log2(b.max_num_seqs / a.max_num_seqs)
