@@ -439,3 +439,16 @@ def test_tokens_per_joule(watts, tokens_per_joule):
 
 def test_a_capacity_of_one_is_a_neighbour():
     assert neighbours_of([(Setting(8, 90), {M.SLO_CAPACITY_LOAD: 1.0})]) == [Neighbour(Setting(8, 90), 1)]
+
+
+@pytest.mark.parametrize("samples", [pytest.param(20, id="exactly-enough"), pytest.param(100, id="plenty")])
+def test_enough_samples_unknown_for_another_reason_is_not_run_longer(samples):
+    metrics = {M.SAMPLES: float(samples), M.ITL_MS: 20.0}  # no error rate: Unknown, but not for want of requests
+    assert longer_run(metrics, 30, 30, THIN_SLO) is None
+
+
+def test_a_fixed_load_rejection_quotes_its_reason_then_the_note():
+    failed = StepResult(32, {}, Verdict.VIOLATED, "p95 ITL 50 ms > 36 ms", -0.4)
+    assert conclude([failed], THROUGHPUT).message == "p95 ITL 50 ms > 36 ms"
+    noted = StepResult(32, {}, Verdict.VIOLATED, "p95 ITL 50 ms > 36 ms", -0.4, "itlMs: 33% apart")
+    assert conclude([noted], THROUGHPUT).message == "p95 ITL 50 ms > 36 ms; itlMs: 33% apart"
