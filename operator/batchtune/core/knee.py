@@ -28,9 +28,6 @@ class Knee:
     max_num_seqs: int
     reason: str
 
-    def to_status(self) -> dict[str, object]:
-        return {"maxNumSeqs": self.max_num_seqs, "reason": self.reason}
-
 
 def _finite(value: object) -> float | None:
     try:
