@@ -58,3 +58,49 @@ def test_load_image_problem(image, problem):
 ])
 def test_gpu_minutes_budget(spec, ceiling, budget):
     assert gpu_minutes_budget(spec, ceiling) == budget
+
+
+def test_refusals_name_the_field_and_quote_the_value():
+    assert prometheus_url_problem("ftp://prom:9090", []) == \
+        "spec.prometheus.url 'ftp://prom:9090' must be an http:// or https:// URL with a host"
+    assert prometheus_url_problem("http://evil:9090", ["http://a", "http://b"]) == (
+        "spec.prometheus.url 'http://evil:9090' is not under a Prometheus URL this install allows "
+        "(http://a, http://b; Helm value prometheus.allowedUrls)")
+    assert load_image_problem("registry/other:1", "op:1", ["registry/a:1", "registry/b:2"]) == (
+        "spec.load.image 'registry/other:1' is not an image this install allows (op:1, registry/a:1, registry/b:2; "
+        "Helm value load.allowedImages)")
+    assert load_image_problem("a b", "op:1", []) == "spec.load.image 'a b' is not an image reference"
+
+
+def test_a_long_value_is_quoted_up_to_120_characters():
+    exact = "http://" + "p" * 113
+    assert prometheus_url_problem(exact, ["https://"]).startswith(f"spec.prometheus.url {exact!r} is not under")
+    long = exact + "q"
+    assert prometheus_url_problem(long, ["https://"]).startswith(f"spec.prometheus.url {exact + '...'!r} is not under")
+
+
+@pytest.mark.parametrize("url", [
+    pytest.param("http://prom:9090/api!x", id="exclamation-mark-is-the-first-printable"),
+    pytest.param("http://prom:9090/~x", id="tilde-is-the-last-printable"),
+])
+def test_printable_ascii_is_allowed(url):
+    assert prometheus_url_problem(url, []) is None
+
+
+@pytest.mark.parametrize("image", [
+    pytest.param("registry/loadgen:2 ", id="trailing-space"),
+    pytest.param("registry/loadgen:2\n", id="newline"),
+    *(pytest.param(f"registry/x{c}y:1", id=f"metachar-{ord(c)}") for c in ";&|`$()<>\\'\""),
+])
+def test_an_image_with_shell_or_space_is_no_reference_even_if_listed(image):
+    assert load_image_problem(image, "op:1", [image]) == f"spec.load.image {image!r} is not an image reference"
+
+
+def test_only_the_operator_image_and_listed_images_run():
+    assert load_image_problem("op:1", "op:1", []) is None
+    assert load_image_problem("registry/a:1", "op:1", ["registry/a:1"]) is None
+    assert load_image_problem("registry/a:1", "op:1", []) is not None
+
+
+def test_a_tag_may_hold_any_letter():
+    assert load_image_problem("registry/loadgen:X1-rc", "op:1", ["registry/loadgen:X1-rc"]) is None

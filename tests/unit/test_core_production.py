@@ -13,7 +13,9 @@ from batchtune.core.production import (
     MarkState,
     Restore,
     args_patch,
+    fingerprint,
     rollback_decision,
+    rollout_complete,
 )
 from batchtune.core.recommend import ContainerArgs
 
@@ -60,6 +62,8 @@ def _edited(**changes) -> str:
     pytest.param(_edited(previous={"args": "m"}), id="args-not-a-list"),
     pytest.param(_edited(previous={"args": [1, 2]}), id="args-not-strings"),
     pytest.param(_edited(applied=["vllm"]), id="applied-not-an-object"),
+    pytest.param(_edited(applied={"command": "vllm serve"}), id="command-not-a-list"),
+    pytest.param(_edited(applied={"command": ["vllm", 1]}), id="command-not-strings"),
 ])
 def test_malformed_annotation_reads_as_none(text):
     assert AppliedMark.read(_deployment(text)) is None
@@ -95,3 +99,75 @@ def test_args_patch_is_guarded_by_the_resource_version():
     body = args_patch("vllm", ContainerArgs(None, ("m",)), {ANNOTATION_APPLIED: "x", "other": None}, "42")
     assert body["metadata"] == {"resourceVersion": "42", "annotations": {ANNOTATION_APPLIED: "x", "other": None}}
     assert body["spec"]["template"]["spec"]["containers"] == [{"name": "vllm", "command": None, "args": ["m"]}]
+
+
+def test_the_annotation_is_canonical_json():
+    # Sorted keys, no spaces: the same mark always writes the same annotation (no spurious patch).
+    text = MARK.to_annotation()
+    assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    assert text.startswith('{"applied":{"args":["m","--max-num-seqs","64"],"command":["vllm","serve"]},"appliedAt":')
+
+
+def test_a_mark_without_a_state_is_applied():
+    # Marks written before the state field existed are unverified changes.
+    assert AppliedMark.read(_deployment(_edited(state=None))) == MARK
+
+
+def test_args_patch_removes_what_is_unset():
+    body = args_patch("vllm", ContainerArgs(("vllm", "serve"), None), {}, "7")
+    assert body["spec"]["template"]["spec"]["containers"] == [{"name": "vllm", "command": ["vllm", "serve"], "args": None}]
+
+
+ENGINE = {"name": "vllm", "image": "vllm/vllm-openai:v0.8", "command": ["vllm", "serve"], "args": ["m"],
+          "env": [{"name": "HF_HOME", "value": "/cache"}], "envFrom": [{"secretRef": {"name": "hf"}}],
+          "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"nvidia.com/gpu": "1"}},
+          "volumeMounts": [{"name": "cache", "mountPath": "/cache"}], "ports": [{"containerPort": 8000}]}
+
+
+def test_fingerprint_is_stable_across_releases():
+    # Status keeps the fingerprint of the production container the trials cloned: a new operator must hash alike.
+    assert fingerprint(ENGINE) == "28a9e051b559443d"
+
+
+def test_fingerprint_ignores_key_order_and_what_a_trial_does_not_clone():
+    reordered = {k: ENGINE[k] for k in reversed(list(ENGINE))}
+    reordered["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"memory": "16Gi", "cpu": "4"}}
+    assert fingerprint(reordered) == fingerprint(ENGINE)
+    assert fingerprint({**ENGINE, "name": "engine", "ports": [], "readinessProbe": {"httpGet": {"port": 8000}}}) == fingerprint(ENGINE)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("image", "vllm/vllm-openai:v0.9"), ("command", ["python", "-m", "vllm"]), ("args", ["m2"]),
+    ("env", [{"name": "HF_HOME", "value": "/other"}]), ("envFrom", []), ("resources", {"limits": {"nvidia.com/gpu": "2"}}),
+    ("volumeMounts", []),
+])
+def test_fingerprint_changes_with_what_a_trial_clones(key, value):
+    assert fingerprint({**ENGINE, key: value}) != fingerprint(ENGINE)
+
+
+def _rolled(replicas=2, generation=3, **status) -> dict:
+    full = {"observedGeneration": 3, "updatedReplicas": 2, "availableReplicas": 2, "replicas": 2}
+    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas}, "status": {**full, **status}}
+
+
+@pytest.mark.parametrize("deployment, complete", [
+    pytest.param(_rolled(), True, id="complete"),
+    pytest.param(_rolled(availableReplicas=3), True, id="more-available-than-asked"),
+    pytest.param(_rolled(observedGeneration=2), False, id="controller-has-not-seen-the-change"),
+    pytest.param(_rolled(updatedReplicas=1), False, id="not-all-updated"),
+    pytest.param(_rolled(availableReplicas=1), False, id="not-all-available"),
+    pytest.param(_rolled(replicas=1, updatedReplicas=1, availableReplicas=1), False, id="an-old-pod-still-runs"),
+    pytest.param({"metadata": {"generation": 1}, "spec": {},
+                  "status": {"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 1, "replicas": 1}},
+                 True, id="replicas-default-to-one"),
+    pytest.param({"metadata": {"generation": 1}, "spec": {},
+                  "status": {"updatedReplicas": 1, "availableReplicas": 1, "replicas": 1}}, False, id="never-observed"),
+    pytest.param({"metadata": {"generation": 1}, "spec": {}, "status": {"observedGeneration": 1, "updatedReplicas": 1, "replicas": 1}},
+                 False, id="none-available-yet"),
+    pytest.param({"metadata": {"generation": 1}, "spec": {}, "status": {}}, False, id="no-status-yet"),
+    pytest.param({"spec": {"replicas": 0}}, True, id="scaled-to-zero"),
+    pytest.param({"metadata": {"generation": 2}, "spec": {"replicas": 0}, "status": {"observedGeneration": 2}}, True,
+                 id="scaled-to-zero-and-observed"),
+])
+def test_rollout_complete(deployment, complete):
+    assert rollout_complete(deployment) is complete

@@ -28,6 +28,7 @@ from batchtune.core.protocol import (
     production_peak_curve_load,
     search_next,
     search_step_at,
+    slo_margin,
     worst_case,
 )
 from batchtune.core.settings import Setting
@@ -383,3 +384,119 @@ def test_a_search_step_at_the_curve_load_is_the_curve_point_only_in_the_same_loo
 def test_a_curve_load_below_one_is_refused():
     with pytest.raises(ValueError, match="curve load"):
         CurveLoad(0, False)
+
+
+# ---- edges mutation testing found unchecked ------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps, expected", [
+    pytest.param([_step(1, 0.15)], 2, id="a-small-load-grows-by-at-least-one"),
+    pytest.param([_step(2, 0.15)], 3, id="two-grows-to-three"),
+    pytest.param([_step(16, 0.1)], None, id="pass-exactly-at-the-resolution-stops"),
+    pytest.param([_step(16, 1.0)], 64, id="zero-latency-grows-4x"),
+    pytest.param([_step(100, -0.1)], 80, id="a-near-miss-steps-down-at-least-to-0.8x"),
+    pytest.param([_step(16, 0.1), _step(32, -0.5)], None, id="highest-pass-at-the-resolution-stops"),
+    pytest.param([_step(100, 0.5), _step(110, -0.5)], None, id="bracket-exactly-at-the-resolution"),
+    pytest.param([_step(5, 0.5), _step(7, -0.5)], 6, id="a-gap-of-two-at-a-small-load-is-probed"),
+    pytest.param([_step(100, 0.6), _step(200, -0.2)], 175, id="interpolates-the-margins-root"),
+    pytest.param([_step(100, 0.2), _step(150, -10)], 125, id="root-at-the-pass-bisects"),
+    pytest.param([_step(100, 0.5), StepResult(200, {}, Verdict.VIOLATED, "errors", 0.0)], 150,
+                 id="fail-at-zero-margin-bisects"),
+    pytest.param([_step(100, 0.5), StepResult(200, {}, Verdict.VIOLATED, "errors", 0.3)], 150,
+                 id="fail-with-a-margin-bisects"),
+    pytest.param([_step(100, 0.3), StepResult(200, {}, Verdict.VIOLATED, "errors", 0.3)], 150,
+                 id="fail-with-the-same-margin-bisects"),
+    pytest.param([_step(4096, 0.5), _step(8, -0.5)], None, id="noise-below-a-pass-at-the-ceiling-stops"),
+])
+def test_search_next_edges(steps, expected):
+    got = search_next(steps, SearchBounds(start=16, highest=4096))
+    assert got == expected and (got is None or isinstance(got, int))
+
+
+def test_next_load_follows_the_configs_steps_resolution_and_neighbours():
+    two_steps = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=False, max_steps=2)
+    assert next_load([_step(4, 0.9), _step(16, 0.9)], Setting(32, 90), [], two_steps) is None
+    coarse = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=False, resolution=0.3)
+    assert next_load([_step(16, 0.25)], Setting(32, 90), [], coarse) is None
+    assert next_load([_step(16, 0.25)], Setting(32, 90), [], CAPACITY) == 21
+    assert next_load([], Setting(32, 90), [Neighbour(Setting(32, 90), 10)], CAPACITY) == 10
+    assert TrialDriver(Setting(32, 90), CAPACITY, [Neighbour(Setting(32, 90), 10)]).next_load() == 10
+
+
+def test_one_step_is_a_valid_search():
+    assert ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=False, max_steps=1).max_steps == 1
+
+
+def test_config_and_start_errors_say_what_is_missing():
+    with pytest.raises(ValueError) as err:
+        ProtocolConfig(Objective.OUTPUT_THROUGHPUT, SLO, open_loop=True)
+    assert str(err.value) == "an open loop at a fixed load needs fixed_load (requests per minute)"
+    with pytest.raises(ValueError) as err:
+        capacity_start(Setting(8, 90), [], ProtocolConfig(Objective.SLO_CAPACITY, SLO, True))
+    assert str(err.value) == "an open-loop capacity search needs first_load (requests per minute)"
+
+
+def test_capacity_start_edges():
+    assert capacity_start(Setting(4, 90), [Neighbour(Setting(64, 90), 1)], CAPACITY) == 1
+    start = capacity_start(Setting(33, 90), [], CAPACITY)
+    assert start == 16 and isinstance(start, int)
+
+
+def test_worst_case_keeps_every_other_figure():
+    runs = [{M.ERROR_RATE_PERCENT: 0.0, M.ITL_MS: 20.0, M.REQUEST_THROUGHPUT: 4.0, M.GPU_UTIL_PERCENT: math.inf},
+            {M.ITL_MS: 30.0, M.REQUEST_THROUGHPUT: 3.0}]
+    assert worst_case(runs) == {M.ITL_MS: 30.0, M.REQUEST_THROUGHPUT: 3.0}
+
+
+def test_margin_without_a_latency_target_is_unknown():
+    assert slo_margin({M.ITL_MS: 1.0}, SloTargets()) == -math.inf
+
+
+def test_close_step_rounds_and_bounds_the_note():
+    step = close_step(8, [RunResult({**GOOD, M.ITL_MS: 20.123456}, "x" * 600)], CAPACITY)
+    assert step.metrics[M.ITL_MS] == 20.1235 and step.cross_check == "x" * 500
+    assert close_step(8, [RunResult({**GOOD, M.ITL_MS: math.inf})], CAPACITY).metrics[M.ITL_MS] == math.inf
+
+
+def test_conclusions_in_full():
+    nothing = conclude([], CAPACITY)
+    assert (nothing.verdict_reason, nothing.message, nothing.steps) == ("no load step was measured", "no load step was measured", 0)
+    fixed = conclude([_closed(32, Verdict.MET, 0.3, outputThroughput=500.0)], THROUGHPUT)
+    assert (fixed.verdict_reason, fixed.message, fixed.steps) == ("Met at 32", "measured at load 32", 1)
+    none_pass = conclude([_closed(4, Verdict.VIOLATED, -0.5), _closed(8, Verdict.VIOLATED, -0.9)], CAPACITY)
+    assert (none_pass.verdict_reason, none_pass.message, none_pass.steps) == (
+        "even the lowest load (4) fails: Violated at 4", "even the lowest load (4) fails: Violated at 4", 2)
+    steps = [_closed(8, Verdict.MET, 0.5, requestThroughput=4.0), _closed(16, Verdict.MET, 0.05, requestThroughput=7.0)]
+    capacity = conclude(steps, CAPACITY)
+    assert (capacity.verdict_reason, capacity.message, capacity.steps) == (
+        "SLO capacity 7 req/s at 16 concurrent requests: Met at 16", "2 load steps", 2)
+    assert capacity.outcome(Objective.SLO_CAPACITY).reason == Reason.MEASURED.value
+    unmeasured = conclude([_closed(16, Verdict.MET, 0.05)], CAPACITY)
+    assert unmeasured.verdict_reason == "SLO capacity unmeasured at 16 concurrent requests: Met at 16"
+    assert M.SLO_CAPACITY not in unmeasured.metrics
+
+
+@pytest.mark.parametrize("watts, tokens_per_joule", [
+    pytest.param(300.0, 1.6667, id="four-digits"), pytest.param(0.5, 1000.0, id="below-one-watt"),
+    pytest.param(0.0, None, id="no-power"),
+])
+def test_tokens_per_joule(watts, tokens_per_joule):
+    metrics = conclude([_closed(32, Verdict.MET, 0.3, outputThroughput=500.0, powerWatts=watts)], THROUGHPUT).metrics
+    assert metrics.get(M.TOKENS_PER_JOULE) == tokens_per_joule
+
+
+def test_a_capacity_of_one_is_a_neighbour():
+    assert neighbours_of([(Setting(8, 90), {M.SLO_CAPACITY_LOAD: 1.0})]) == [Neighbour(Setting(8, 90), 1)]
+
+
+@pytest.mark.parametrize("samples", [pytest.param(20, id="exactly-enough"), pytest.param(100, id="plenty")])
+def test_enough_samples_unknown_for_another_reason_is_not_run_longer(samples):
+    metrics = {M.SAMPLES: float(samples), M.ITL_MS: 20.0}  # no error rate: Unknown, but not for want of requests
+    assert longer_run(metrics, 30, 30, THIN_SLO) is None
+
+
+def test_a_fixed_load_rejection_quotes_its_reason_then_the_note():
+    failed = StepResult(32, {}, Verdict.VIOLATED, "p95 ITL 50 ms > 36 ms", -0.4)
+    assert conclude([failed], THROUGHPUT).message == "p95 ITL 50 ms > 36 ms"
+    noted = StepResult(32, {}, Verdict.VIOLATED, "p95 ITL 50 ms > 36 ms", -0.4, "itlMs: 33% apart")
+    assert conclude([noted], THROUGHPUT).message == "p95 ITL 50 ms > 36 ms; itlMs: 33% apart"

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batchtune.api.models import SloSpec
 from batchtune.core import (
     EngineLimits,
     FitVerdict,
@@ -70,13 +71,78 @@ def test_evaluate_slo_samples_and_steady_state(extra, verdict, fragment):
     assert fragment in result.reason
 
 
+@pytest.mark.parametrize("metrics, verdict, reason", [
+    pytest.param({"ttftMs": 150, "e2eMs": 800, "errorRatePercent": 0}, Verdict.MET,
+                 "p95 TTFT 150 ms <= 180 ms (200 ms target less 10% headroom); "
+                 "p95 E2E latency 800 ms <= 900 ms (1000 ms target less 10% headroom); error rate 0% <= 1%", id="met"),
+    pytest.param({"ttftMs": math.nan, "e2eMs": 800, "errorRatePercent": math.inf}, Verdict.UNKNOWN,
+                 "p95 TTFT is not measured (ttftMs=nan); error rate is not measured (errorRatePercent=inf)", id="unknown-quotes-the-value"),
+    pytest.param({"ttftMs": math.nan, "e2eMs": 5000, "errorRatePercent": 0}, Verdict.VIOLATED,
+                 "p95 E2E latency 5000 ms > 900 ms (1000 ms target less 10% headroom); p95 TTFT is not measured (ttftMs=nan)",
+                 id="an-unmeasured-target-does-not-hide-the-next"),
+    pytest.param({"ttftMs": 150, "e2eMs": 800, "errorRatePercent": 0, "waitingGrowth": 5.0, "waitingRequests": 0.0}, Verdict.VIOLATED,
+                 "the queue grew by 5 requests through the window (mean 0 waiting): "
+                 "the load exceeds what the setting serves, so no latency measured here holds", id="queue-grew"),
+])
+def test_evaluate_slo_reasons(metrics, verdict, reason):
+    result = evaluate_slo(metrics, SLO)
+    assert (result.verdict, result.reason) == (verdict, reason)
+
+
+def test_reason_without_headroom_names_the_bare_target():
+    result = evaluate_slo({"itlMs": 30, "errorRatePercent": 0}, SloTargets(itl_ms=40, headroom_percent=0))
+    assert result.reason == "p95 ITL 30 ms <= 40 ms (40 ms target); error rate 0% <= 1%"
+
+
+@pytest.mark.parametrize("value, verdict", [
+    pytest.param(0, Verdict.MET, id="zero-is-a-measurement"),
+    pytest.param(0.5, Verdict.MET, id="below-one-ms"),
+    pytest.param(-1, Verdict.UNKNOWN, id="negative-is-junk"),
+    pytest.param(True, Verdict.UNKNOWN, id="a-bool-is-no-number"),
+])
+def test_small_and_junk_latencies(value, verdict):
+    assert evaluate_slo({**OK, "ttftMs": value}, SLO).verdict is verdict
+
+
+def test_a_bool_error_rate_is_not_measured():
+    assert evaluate_slo({**OK, "errorRatePercent": False}, SLO).verdict is Verdict.UNKNOWN
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    pytest.param({"percentile": 42, "ttft_ms": 200}, "percentile 42 is not one of 50, 90, 95, 99", id="percentile"),
+    pytest.param({"headroom_percent": 100, "ttft_ms": 200}, "headroom_percent 100 is outside 0..99", id="headroom-100"),
+    pytest.param({"headroom_percent": -1, "ttft_ms": 200}, "headroom_percent -1 is outside 0..99", id="headroom-negative"),
+    pytest.param({"ttft_ms": 0}, "ttft_ms 0 must be > 0", id="ttft-zero"),
+    pytest.param({"itl_ms": -5}, "itl_ms -5 must be > 0", id="itl-negative"),
+    pytest.param({"e2e_ms": 0}, "e2e_ms 0 must be > 0", id="e2e-zero"),
+])
+def test_bad_targets_name_the_field_and_value(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        SloTargets(**kwargs)
+    assert str(err.value) == message
+
+
+def test_smallest_valid_targets():
+    slo = SloTargets(ttft_ms=1, itl_ms=1, e2e_ms=1, headroom_percent=99)
+    assert slo.latency_targets() == {"ttftMs": 1, "itlMs": 1, "e2eMs": 1}
+
+
+def test_from_spec_carries_every_field():
+    spec = SloSpec(percentile="P99", ttftMilliseconds=300, interTokenLatencyMilliseconds=40, e2eLatencyMilliseconds=9000,
+                   maxErrorRatePercent=3, headroomPercent=20)
+    assert SloTargets.from_spec(spec) == SloTargets(percentile=99, ttft_ms=300, itl_ms=40, e2e_ms=9000,
+                                                    max_error_rate_percent=3, headroom_percent=20)
+    assert SloTargets.from_spec(SloSpec(e2eLatencyMilliseconds=9000)) == SloTargets(e2e_ms=9000)
+
+
 def test_min_samples_is_configurable():
     assert evaluate_slo({**OK, "samples": 5}, SloTargets(ttft_ms=200, e2e_ms=1000, min_samples=5)).verdict is Verdict.MET
     assert evaluate_slo({**OK, "samples": 4}, SloTargets(ttft_ms=200, e2e_ms=1000, min_samples=5)).verdict is Verdict.UNKNOWN
 
 
 def test_no_target_is_never_met():
-    assert evaluate_slo({"errorRatePercent": 0}, SloTargets()).verdict is Verdict.UNKNOWN
+    result = evaluate_slo({"errorRatePercent": 0}, SloTargets())
+    assert (result.verdict, result.reason) == (Verdict.UNKNOWN, "no latency target is set, so the SLO cannot be met")
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ from batchtune.core.verify import (
     InconclusivePolicy,
     Next,
     VerifyPolicy,
+    VerifyResult,
     inconclusive,
     judge,
     window_state,
@@ -114,3 +115,70 @@ def test_inconclusive(policy, requests, reason, fragments):
 def test_verify_policy_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         VerifyPolicy(min_requests=1, max_regression_percent=10, **kwargs)
+
+
+def test_inconclusive_message_in_full():
+    policy = VerifyPolicy(300, 3600, 50, 10)
+    assert inconclusive(policy, 12.0) == (Reason.KEPT_UNVERIFIED, (
+        "production served 12 requests in 3600s after the rollout (spec.apply.verifyMinRequests is 50): kept, as "
+        "spec.apply.onInconclusiveVerify is Keep (the setting met the SLO in its trials)"))
+    assert inconclusive(VerifyPolicy(300, 3600, 50, 10, InconclusivePolicy.ROLL_BACK), None, "no data") == (
+        Reason.VERIFY_INCONCLUSIVE, "production served no requests in 3600s after the rollout (spec.apply.verifyMinRequests "
+        "is 50); no data: rolled back, as spec.apply.onInconclusiveVerify is RollBack")
+
+
+def test_smallest_verify_policy():
+    assert VerifyPolicy(verify_seconds=1, timeout_seconds=1, min_requests=1, max_regression_percent=0).timeout_seconds == 1
+
+
+SLO_TWO = SloTargets(percentile=95, ttft_ms=500, itl_ms=40, max_error_rate_percent=1, headroom_percent=10)
+
+
+@pytest.mark.parametrize("before, after, verdict, reason", [
+    pytest.param(BEFORE, AFTER, Verdict.MET, "p95 itlMs 30 ms; error rate 0%; served 100% of offered requests", id="met"),
+    pytest.param({}, {**AFTER, "itlMs": 40.0, "errorRatePercent": 1.0}, Verdict.MET,
+                 "p95 itlMs 40 ms; error rate 1%; served 100% of offered requests", id="exactly-at-the-targets"),
+    pytest.param({}, {**AFTER, "itlMs": 41.0, "errorRatePercent": 1.5, SERVED_SHARE: 80.0}, Verdict.VIOLATED,
+                 "p95 itlMs 41 ms > 40 ms target; error rate 1.5% > 1%; production served 80% of the requests it was "
+                 "offered, below 90% (spec.apply.maxRegressionPercent 10%)", id="every-problem-without-before"),
+    pytest.param({**BEFORE, "itlMs": 0.5}, {**AFTER, "itlMs": 50.0}, Verdict.VIOLATED,
+                 "p95 itlMs 50 ms > 40 ms target, was 0.5 ms", id="worse-than-a-sub-millisecond-before"),
+    pytest.param({}, {**AFTER, "itlMs": math.inf}, Verdict.VIOLATED,
+                 "p95 itlMs above the highest histogram bucket > 40 ms target", id="inf"),
+    pytest.param({**BEFORE, SERVED_SHARE: 99.0}, {**AFTER, SERVED_SHARE: 88.0}, Verdict.VIOLATED,
+                 "production served 88% of the requests it was offered (was 99%), below 89% "
+                 "(spec.apply.maxRegressionPercent 10%)", id="served-share-with-before"),
+    pytest.param({}, {"itlMs": None}, Verdict.UNKNOWN,
+                 "itlMs after the change is not measured; error rate after the change is not measured; the share of "
+                 "offered requests production served after the change is not measured", id="all-unknown"),
+])
+def test_judge_reasons(before, after, verdict, reason):
+    assert judge(SLO, MAX_REGRESSION, before, after) == VerifyResult(verdict, reason)
+
+
+def test_an_unmeasured_latency_does_not_hide_the_next():
+    result = judge(SLO_TWO, MAX_REGRESSION, {}, {**AFTER, "itlMs": 80.0})
+    assert result == VerifyResult(Verdict.VIOLATED, "p95 itlMs 80 ms > 40 ms target")
+
+
+@pytest.mark.parametrize("before, after, verdict", [
+    pytest.param({"itlMs": 100.0}, {"itlMs": 110.0}, Verdict.MET, id="latency-exactly-the-tolerance-worse"),
+    pytest.param({"itlMs": 100.0}, {"itlMs": 110.5}, Verdict.VIOLATED, id="latency-beyond-the-tolerance"),
+])
+def test_latency_regression_tolerance(before, after, verdict):
+    assert judge(SLO, MAX_REGRESSION, {**BEFORE, **before}, {**AFTER, **after}).verdict is verdict
+
+
+@pytest.mark.parametrize("before, after, verdict", [
+    pytest.param({"itlMs": 50.0}, {"itlMs": 50.0}, Verdict.MET, id="latency-unchanged"),
+    pytest.param({"itlMs": 50.0}, {"itlMs": 50.5}, Verdict.VIOLATED, id="latency-any-worse"),
+    pytest.param({"errorRatePercent": 2.0}, {"errorRatePercent": 2.0}, Verdict.MET, id="errors-unchanged"),
+    pytest.param({"errorRatePercent": 2.0}, {"errorRatePercent": 2.5}, Verdict.VIOLATED, id="errors-any-worse"),
+])
+def test_zero_tolerance_allows_no_change_but_no_worse(before, after, verdict):
+    assert judge(SLO, 0, {**BEFORE, **before}, {**AFTER, **after}).verdict is verdict
+
+
+def test_a_before_of_zero_excuses_nothing():
+    assert judge(SLO, MAX_REGRESSION, {**BEFORE, "itlMs": 0.0}, {**AFTER, "itlMs": 80.0}) == VerifyResult(
+        Verdict.VIOLATED, "p95 itlMs 80 ms > 40 ms target, was 0 ms")

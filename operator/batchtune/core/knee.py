@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from batchtune.core.vocabulary import M
 
@@ -27,9 +28,6 @@ class Knee:
     max_num_seqs: int
     reason: str
 
-    def to_status(self) -> dict[str, object]:
-        return {"maxNumSeqs": self.max_num_seqs, "reason": self.reason}
-
 
 def _finite(value: object) -> float | None:
     try:
@@ -48,6 +46,13 @@ def curve_point(max_num_seqs: int, metrics: Mapping[str, object]) -> CurvePoint 
     return CurvePoint(max_num_seqs, throughput, latency)
 
 
+def mean_point(points: Sequence[CurvePoint]) -> CurvePoint:
+    """One point from the repeats at one max-num-seqs: the mean throughput, the mean of the known latencies."""
+    latencies = [p.latency_ms for p in points if p.latency_ms is not None]
+    return CurvePoint(points[0].max_num_seqs, sum(p.throughput for p in points) / len(points),
+                      sum(latencies) / len(latencies) if latencies else None)
+
+
 def gain_per_doubling(a: CurvePoint, b: CurvePoint) -> float:
     """Relative throughput gain per doubling of max-num-seqs between two points, in percent."""
     doublings = math.log2(b.max_num_seqs / a.max_num_seqs)
@@ -58,7 +63,7 @@ def find_knee(points: Sequence[CurvePoint], threshold_percent: float = KNEE_GAIN
     """The first max-num-seqs past which the gain per doubling falls below the threshold while
     latency rises (latency unknown on either side: the gain alone decides)."""
     ordered = sorted({p.max_num_seqs: p for p in points}.values(), key=lambda p: p.max_num_seqs)
-    for a, b in zip(ordered, ordered[1:], strict=False):
+    for a, b in pairwise(ordered):
         gain = gain_per_doubling(a, b)
         if gain >= threshold_percent:
             continue

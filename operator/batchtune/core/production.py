@@ -71,19 +71,20 @@ class AppliedMark:
             data = json.loads(text)
             return cls(str(data["tuning"]), str(data["uid"]), int(data["generation"]), str(data["container"]),
                        _args(data["previous"]), _args(data["applied"]),
-                       datetime.fromisoformat(str(data["appliedAt"]).replace("Z", "+00:00")),
+                       datetime.fromisoformat(str(data["appliedAt"])),
                        MarkState(data.get("state", MarkState.APPLIED)), int(data.get("round", 1)))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
 def _args(data: Any) -> ContainerArgs:
+    """Container args from the annotation; TypeError (read() then trusts nothing) unless an object of string lists."""
     if not isinstance(data, dict):
-        raise TypeError("container args must be an object")
+        raise TypeError
     for key in ("command", "args"):
         value = data.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(a, str) for a in value)):
-            raise TypeError(f"{key} must be a list of strings")
+            raise TypeError
     return ContainerArgs.of(data)
 
 
@@ -96,7 +97,7 @@ def fingerprint(container: Mapping[str, Any]) -> str:
     """What a trial clones from production's engine container, hashed: a change means stale measurements."""
     relevant = {k: container.get(k) for k in ("image", "command", "args", "env", "envFrom", "resources",
                                               "volumeMounts")}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def args_patch(container: str, args: ContainerArgs, annotations: Mapping[str, str | None],

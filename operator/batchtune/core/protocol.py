@@ -158,7 +158,7 @@ def worst_case(samples: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """
     keys = {k for s in samples for k in s}
     out: dict[str, float] = {}
-    for key in keys:
+    for key in sorted(keys):
         values = [float(v) for s in samples if _is_number(v := s.get(key))]
         finite = [v for v in values if math.isfinite(v)]
         if key == M.ERROR_RATE_PERCENT and len(values) < len(samples):
@@ -278,15 +278,13 @@ def search_next(steps: Sequence[StepResult], bounds: SearchBounds) -> int | None
         best = max(passes, key=lambda s: s.load)
         if best.load >= bounds.highest or best.margin <= bounds.resolution:
             return None
-        # Extrapolate the margin to zero, growing at least 1.25x and at most 4x per step.
-        candidate = _clamp(_extrapolate(best, low=1.25, high=4.0), bounds)
-        return None if candidate in tried else candidate
+        # Extrapolate the margin to zero, growing at least 1.25x (and by one) and at most 4x per step.
+        return _clamp(max(best.load + 1, _extrapolate(best, low=1.25, high=4.0)), bounds)
     if not passes:
         worst = min(fails, key=lambda s: s.load)
         if worst.load <= bounds.lowest:
             return None
-        candidate = _clamp(_extrapolate(worst, low=0.25, high=0.8), bounds)
-        return None if candidate in tried else candidate
+        return _clamp(_extrapolate(worst, low=0.25, high=0.8), bounds)  # below every load tried
     low = max(passes, key=lambda s: s.load)
     if low.margin <= bounds.resolution and any(s.load > low.load for s in fails):
         return None  # the highest pass already sits within the resolution of the SLO
@@ -297,10 +295,10 @@ def search_next(steps: Sequence[StepResult], bounds: SearchBounds) -> int | None
         return None if candidate in tried else candidate
     if high.load - low.load <= max(1, math.ceil(low.load * bounds.resolution)):
         return None
+    # No load strictly between the highest pass and the lowest fail above it was tried, and they are
+    # at least 2 apart: the interpolation, or else the midpoint, is a new load between them.
     candidate = _interpolate(low, high)
-    if candidate <= low.load or candidate >= high.load or candidate in tried:
-        candidate = (low.load + high.load) // 2
-    return None if candidate in tried or candidate <= low.load else candidate
+    return candidate if low.load < candidate < high.load else (low.load + high.load) // 2
 
 
 def _margin(step: StepResult) -> float:
@@ -312,18 +310,16 @@ def _extrapolate(step: StepResult, low: float, high: float) -> int:
     # Margin ~ 1 - load / capacity near the boundary, so capacity ~ load / (1 - margin).
     margin = _margin(step)
     factor = 1.0 / (1.0 - margin) if margin < 1 else high
-    if not math.isfinite(factor):
-        factor = high
     return max(1, int(step.load * min(high, max(low, factor))))
 
 
 def _interpolate(low: StepResult, high: StepResult) -> int:
-    # Linear root of the margin between the bracketing loads; margins shrink as load grows.
+    # Linear root of the margin between the bracketing loads; margins shrink as load grows. A fail
+    # whose margin is no lower (it failed on errors or samples) says nothing: low.load, the caller bisects.
     span = _margin(low) - _margin(high)
-    if span <= 0 or not math.isfinite(span):
-        return (low.load + high.load) // 2
-    fraction = _margin(low) / span
-    return int(low.load + fraction * (high.load - low.load))
+    if span <= 0:
+        return low.load
+    return int(low.load + _margin(low) / span * (high.load - low.load))
 
 
 def _clamp(load: int, bounds: SearchBounds) -> int:
@@ -447,8 +443,8 @@ def _conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion
     if capacity is not None:
         metrics[M.SLO_CAPACITY] = capacity
     metrics[M.SLO_CAPACITY_LOAD] = float(best.load)
-    return Conclusion(metrics, Verdict.MET,
-                      f"SLO capacity {capacity or 0:.3g} req/s at {best.load} {config.unit}: {best.verdict_reason}",
+    rate = "unmeasured" if capacity is None else f"{capacity:.3g} req/s"
+    return Conclusion(metrics, Verdict.MET, f"SLO capacity {rate} at {best.load} {config.unit}: {best.verdict_reason}",
                       Reason.MEASURED, best.cross_check or f"{len(steps)} load steps", len(steps))
 
 
@@ -481,7 +477,7 @@ def _is_number(value: object) -> TypeGuard[float]:
 
 
 def _round(value: float) -> float:
-    return round(value, 4) if math.isfinite(value) else value
+    return round(value, 4)  # inf and NaN round to themselves
 
 
 @dataclass

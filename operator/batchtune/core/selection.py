@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from batchtune.core.knee import KNEE_GAIN_PERCENT, CurvePoint, Knee, curve_point, find_knee
+from batchtune.core.knee import KNEE_GAIN_PERCENT, CurvePoint, Knee, curve_point, find_knee, mean_point
 from batchtune.core.objective import OBJECTIVE_UNITS, Objective, objective_value
 from batchtune.core.outcomes import TrialOutcome, TrialState, Verdict
 from batchtune.core.settings import Setting
@@ -136,12 +136,13 @@ def select_best(
             elif setting == top:
                 verdicts[t.name] = f"not chosen: best {_fmt(objective, value)} but past the knee; {chosen.label()} keeps headroom"
             else:
-                verdicts[t.name] = (
-                    f"not chosen: met the SLO with {_fmt(objective, value)}, below {eligible[chosen]:.4g} of {chosen.label()}"
-                    if value < eligible[chosen] else
-                    f"not chosen: met the SLO with {_fmt(objective, value)}; {chosen.label()} was preferred "
-                    "for keeping headroom below the knee"
-                )
+                met = f"not chosen: met the SLO with {_fmt(objective, value)}"
+                if value < eligible[chosen]:
+                    verdicts[t.name] = f"{met}, below {eligible[chosen]:.4g} of {chosen.label()}"
+                elif chosen == top:  # a tie: the smaller setting ranks first
+                    verdicts[t.name] = f"{met}, the same as {chosen.label()}, which ranks first as the smaller setting"
+                else:
+                    verdicts[t.name] = f"{met}; {chosen.label()} was preferred for keeping headroom below the knee"
     return Selection(chosen, best_trial, knee, reason, verdicts)
 
 
@@ -151,14 +152,8 @@ def _knees(by_setting: Mapping[Setting, list[CompletedTrial]], threshold: float)
     for setting, group in by_setting.items():
         done = [t for t in group if t.outcome.state is TrialState.DONE]
         points = [p for t in done if (p := curve_point(setting.max_num_seqs, t.outcome.metrics))]
-        if not points:
-            continue
-        latencies = [p.latency_ms for p in points if p.latency_ms is not None]
-        columns.setdefault(setting.column, []).append(CurvePoint(
-            setting.max_num_seqs,
-            sum(p.throughput for p in points) / len(points),
-            sum(latencies) / len(latencies) if latencies else None,
-        ))
+        if points:
+            columns.setdefault(setting.column, []).append(mean_point(points))
     knees = {}
     for column, points in columns.items():
         knee = find_knee(points, threshold)

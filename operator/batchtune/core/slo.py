@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchtune.core.vocabulary import M, Verdict
+
+if TYPE_CHECKING:
+    from batchtune.api.models import SloSpec
 
 METRIC_TTFT_MS = M.TTFT_MS
 METRIC_ITL_MS = M.ITL_MS
@@ -61,18 +64,11 @@ class SloTargets:
         return target_ms * (100 - self.headroom_percent) / 100
 
     @classmethod
-    def from_spec(cls, slo: Any) -> SloTargets:
-        """From the api model's `spec.slo` (attribute access, snake_case)."""
-        percentile = getattr(slo, "percentile", "P95")
-        percentile = getattr(percentile, "value", percentile)
-        return cls(
-            percentile=PERCENTILES[str(percentile)] if not isinstance(percentile, int) else percentile,
-            ttft_ms=getattr(slo, "ttft_milliseconds", None),
-            itl_ms=getattr(slo, "inter_token_latency_milliseconds", None),
-            e2e_ms=getattr(slo, "e2e_latency_milliseconds", None),
-            max_error_rate_percent=getattr(slo, "max_error_rate_percent", 1),
-            headroom_percent=getattr(slo, "headroom_percent", 10),
-        )
+    def from_spec(cls, slo: SloSpec) -> SloTargets:
+        """From the api model's `spec.slo`."""
+        return cls(percentile=PERCENTILES[slo.percentile.value], ttft_ms=slo.ttft_milliseconds,
+                   itl_ms=slo.inter_token_latency_milliseconds, e2e_ms=slo.e2e_latency_milliseconds,
+                   max_error_rate_percent=slo.max_error_rate_percent, headroom_percent=slo.headroom_percent)
 
 
 @dataclass(frozen=True)
@@ -119,7 +115,7 @@ def not_steady(metrics: Mapping[str, Any]) -> str | None:
 
 
 def _fmt(value: float) -> str:
-    return f"{value:.1f}".rstrip("0").rstrip(".")
+    return f"{value:.1f}".removesuffix(".0")
 
 
 def evaluate_slo(metrics: Mapping[str, Any], slo: SloTargets) -> SloVerdict:
