@@ -213,7 +213,7 @@ class TestOneRealServer:
             summary["server_mean_e2e_ms"] = round(1000 * e2e / max(requests, 1), 1)
             return summary, tokens / max(requests, 1)
 
-        # The builtin sends token ids from the server's own /tokenize: 64 asked is 64 served, no calibration.
+        # The builtin sizes its text by the server's own /tokenize: 64 asked is 64 served, no calibration.
         runs: dict[str, list[float]] = {"builtin": [], "bench": []}
         server_e2e: dict[str, list[float]] = {"builtin": [], "bench": []}
         prompt_tokens: dict[str, list[float]] = {"builtin": [], "bench": []}

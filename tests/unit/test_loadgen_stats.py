@@ -22,7 +22,14 @@ from batchtune.loadgen import (
     compact_summary,
     compute_result,
 )
-from batchtune.loadgen.prompts import Prompts, count_text_tokens, make_prompt, tokens_for_words, words_for_tokens
+from batchtune.loadgen.prompts import (
+    FILLER_WORDS,
+    Prompts,
+    count_text_tokens,
+    make_prompt,
+    tokens_for_words,
+    words_for_tokens,
+)
 from batchtune.loadgen.stats import percentile_key
 
 
@@ -235,17 +242,20 @@ def test_goodput_keys_are_vllms():
         LoadSpec(goodput_ms=(("ttft", -1.0),))
 
 
-def test_prompts_from_an_engine_vocabulary_are_exact_and_never_share_a_prefix():
-    prompts = Prompts(list(range(100, 140)))
+def test_prompts_sized_by_the_engines_word_costs_sum_to_the_request():
+    costs = {w: (1 if len(w) <= 3 else 3) for w in FILLER_WORDS}
+    prompts = Prompts(costs)
     rng = random.Random(1)
     drawn = [prompts.make(n, rng) for n in (1, 7, 300, 300)]
-    assert prompts.exact and [len(p) for p in drawn] == [1, 7, 300, 300]
-    assert all(set(p) <= set(range(100, 140)) for p in drawn) and drawn[2][:10] != drawn[3][:10]
+    assert prompts.exact and [sum(costs[w] for w in p.split()) for p in drawn] == [1, 7, 300, 300]
+    assert drawn[2][:40] != drawn[3][:40]  # a seeded draw: no shared prefix for the cache
 
 
-@pytest.mark.parametrize("vocabulary", [(), (1, 2, 3), (True, False, -1, -2, 1, 2, 3, 4, 5, 6), (1,) * 50],
-                         ids=["none", "too-few", "bools-and-negatives-are-no-ids", "one-id-many-times"])
-def test_too_small_a_vocabulary_falls_back_to_filler_words(vocabulary):
-    prompts = Prompts(vocabulary)
+@pytest.mark.parametrize("costs", [
+    {}, {"the": 1}, {w: 2 for w in FILLER_WORDS}, {w: (0 if w == "the" else 1) for w in FILLER_WORDS},
+    {w: (True if w == "the" else 1) for w in FILLER_WORDS},
+], ids=["none", "some-words-unmeasured", "no-one-token-word-to-end-on", "a-free-word", "a-bool-is-no-count"])
+def test_without_a_full_measurement_the_twin_rule_sizes_prompts(costs):
+    prompts = Prompts(costs)
     text = prompts.make(50, random.Random(1))
-    assert not prompts.exact and isinstance(text, str) and count_text_tokens(text) in (50, 51)
+    assert not prompts.exact and count_text_tokens(text) in (50, 51)

@@ -3,15 +3,15 @@
 The twin has no tokenizer: it counts a text prompt as `round(words * 1.3)` tokens (English text
 averages about 1.3 tokens per word with Llama-style tokenizers). The load generator sizes its
 prompts with the inverse rule, so a requested input length arrives within one token of itself.
-A prompt given as a list of token ids counts exactly: against a real engine, whose tokenizer splits
-filler words its own way, the load generator sends token ids drawn from what the engine's own
-`/tokenize` made of the filler words (`Prompts`), so a requested input length is exact there too.
+A prompt given as a list of token ids counts exactly. Against a real engine, whose tokenizer splits
+filler words its own way, the load generator first asks the engine's `/tokenize` what each filler
+word costs and draws words that sum to the requested length (`Prompts`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 # Common short words; a seeded random draw keeps prompts distinct (no accidental prefix-cache hits).
 FILLER_WORDS = [
@@ -58,23 +58,33 @@ def filler_token_text(index: int, seed: int = 0) -> str:
     return " " + FILLER_WORDS[(index * 7 + seed * 13) % len(FILLER_WORDS)]
 
 
-MIN_VOCABULARY = 8
-"""Fewer distinct ids than this from /tokenize is no vocabulary to draw from (the text rule applies)."""
-
-
 class Prompts:
-    """Prompts of a requested token count: ids from the engine's own tokenizer when known, else filler words."""
+    """Text prompts of a requested token count, sized by the engine's own tokenizer when it is known.
 
-    def __init__(self, vocabulary: Sequence[int] = ()) -> None:
-        ids = sorted({int(i) for i in vocabulary if isinstance(i, int) and not isinstance(i, bool) and i >= 0})
-        self.vocabulary: tuple[int, ...] = tuple(ids) if len(ids) >= MIN_VOCABULARY else ()
+    `word_tokens` is what each filler word costs the engine (from its /tokenize); without it the twin's
+    rule applies. Text, not token ids: the engine's front end tokenizes it, as it does production's.
+    """
+
+    def __init__(self, word_tokens: Mapping[str, int] | None = None) -> None:
+        costs = {w: c for w, c in (word_tokens or {}).items()
+                 if isinstance(c, int) and not isinstance(c, bool) and c >= 1 and w in FILLER_WORDS}
+        # Sized exactly only with every word measured and some one-token word to end a prompt on.
+        self.word_tokens: dict[str, int] = costs if len(costs) == len(FILLER_WORDS) and 1 in costs.values() else {}
+        self._by_cost = sorted(self.word_tokens, key=lambda w: (self.word_tokens[w], w))
 
     @property
     def exact(self) -> bool:
-        return bool(self.vocabulary)
+        return bool(self.word_tokens)
 
-    def make(self, num_tokens: int, rng: random.Random) -> str | list[int]:
-        if self.vocabulary:
-            # Drawn independently per position: no two prompts share a prefix the cache could reuse.
-            return [rng.choice(self.vocabulary) for _ in range(max(1, num_tokens))]
-        return make_prompt(num_tokens, rng)
+    def make(self, num_tokens: int, rng: random.Random) -> str:
+        if not self.word_tokens:
+            return make_prompt(num_tokens, rng)
+        words: list[str] = []
+        left = max(1, num_tokens)
+        while left > 0:
+            # A seeded draw among the words that still fit: the sum lands on the requested count.
+            fitting = [w for w in self._by_cost if self.word_tokens[w] <= left]
+            word = rng.choice(fitting)
+            words.append(word)
+            left -= self.word_tokens[word]
+        return " ".join(words)

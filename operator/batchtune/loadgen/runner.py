@@ -161,7 +161,7 @@ class _Tally:
             self.per_second[int(at - self.window_start)] += count
 
 
-def _payload(spec: LoadSpec, model: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+def _payload(spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -267,19 +267,34 @@ async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: 
         await asyncio.sleep(0.2)
 
 
-async def engine_vocabulary(session: aiohttp.ClientSession, base_url: str, model: str) -> tuple[int, ...]:
-    """The ids the engine's tokenizer makes of the filler words (vLLM's POST /tokenize); () where it has none."""
-    body = {"model": model, "prompt": " ".join(FILLER_WORDS), "add_special_tokens": False}
-    try:
-        async with session.post(base_url + "/tokenize", json=body,
-                                timeout=aiohttp.ClientTimeout(total=10)) as resp:
-            if resp.status != 200:
-                return ()
-            answer = await resp.json(content_type=None)
-    except (TimeoutError, aiohttp.ClientError, ValueError):
-        return ()
-    tokens = answer.get("tokens") if isinstance(answer, dict) else None
-    return tuple(t for t in tokens if isinstance(t, int) and not isinstance(t, bool)) if isinstance(tokens, list) else ()
+async def engine_word_tokens(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, int]:
+    """What each filler word costs the engine's tokenizer (vLLM's POST /tokenize); {} where it has none.
+
+    Each word is measured after a leading word (`the W` less `the`), so the count is that of a word
+    inside a prompt, whatever the tokenizer does at a text's start.
+    """
+
+    async def count(text: str) -> int | None:
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        try:
+            async with session.post(base_url + "/tokenize", json=body,
+                                    timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status != 200:
+                    return None
+                answer = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None
+        value = answer.get("count") if isinstance(answer, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    lead = FILLER_WORDS[0]
+    base = await count(lead)
+    if base is None:
+        return {}  # no tokenizer API (the twin): one request, not one per word
+    counts = await asyncio.gather(*(count(f"{lead} {word}") for word in FILLER_WORDS))
+    if any(c is None for c in counts):
+        return {}
+    return {word: c - base for word, c in zip(FILLER_WORDS, counts, strict=True) if c is not None}
 
 
 async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -294,8 +309,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = spec.model or await first_model(session, base, spec.ready_timeout_s)
-        # Chat messages are text by the API; completions take token ids, exact on any tokenizer.
-        prompts = Prompts(() if chat else await engine_vocabulary(session, base, model))
+        prompts = Prompts(await engine_word_tokens(session, base, model))
         loop = asyncio.get_running_loop()
         started = loop.time()
         wall_offset = time.time() - started
@@ -309,7 +323,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
             f"Started load on {url} model={model} input_len={spec.input_len} output_len={spec.output_len} "
             f"concurrency={spec.concurrency} request_rate={spec.request_rate} num_prompts={spec.num_prompts} "
             f"duration={spec.duration_s}s warmup={spec.warmup_s}s time_scale={spec.time_scale} "
-            f"prompts={'token ids from the engine' if prompts.exact else 'filler words'}"
+            f"prompts={'sized by the engine tokenizer' if prompts.exact else 'sized by the twin rule'}"
         )
 
         sampler = LengthSampler(spec.input_len, spec.output_len, spec.range_ratio, spec.prompt_lengths,
