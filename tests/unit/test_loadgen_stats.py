@@ -244,11 +244,17 @@ def test_goodput_keys_are_vllms():
 
 def test_prompts_sized_by_the_engines_word_costs_sum_to_the_request():
     costs = {w: (1 if len(w) <= 3 else 3) for w in FILLER_WORDS}
-    prompts = Prompts(costs)
+    prompts = Prompts(costs, first_word_tokens=2)  # "the" at a text's start costs 2 on this tokenizer
+
+    def cost(prompt: str) -> int:
+        words = prompt.split()
+        return (2 if words[0] == FILLER_WORDS[0] else costs[words[0]]) + sum(costs[w] for w in words[1:])
+
     rng = random.Random(1)
-    drawn = [prompts.make(n, rng) for n in (1, 7, 300, 300)]
-    assert prompts.exact and [sum(costs[w] for w in p.split()) for p in drawn] == [1, 7, 300, 300]
-    assert drawn[2][:40] != drawn[3][:40]  # a seeded draw: no shared prefix for the cache
+    drawn = [prompts.make(n, rng) for n in (1, 2, 7, 300, 300)]
+    assert prompts.exact and [cost(p) for p in drawn] == [1, 2, 7, 300, 300]
+    assert all(p.startswith(FILLER_WORDS[0] + " ") for p in drawn[2:])  # the measured first word
+    assert drawn[3][:40] != drawn[4][:40]  # a seeded draw: no shared prefix for the cache
 
 
 @pytest.mark.parametrize("costs", [

@@ -65,12 +65,14 @@ class Prompts:
     rule applies. Text, not token ids: the engine's front end tokenizes it, as it does production's.
     """
 
-    def __init__(self, word_tokens: Mapping[str, int] | None = None) -> None:
+    def __init__(self, word_tokens: Mapping[str, int] | None = None, first_word_tokens: int | None = None) -> None:
         costs = {w: c for w, c in (word_tokens or {}).items()
                  if isinstance(c, int) and not isinstance(c, bool) and c >= 1 and w in FILLER_WORDS}
         # Sized exactly only with every word measured and some one-token word to end a prompt on.
         self.word_tokens: dict[str, int] = costs if len(costs) == len(FILLER_WORDS) and 1 in costs.values() else {}
         self._by_cost = sorted(self.word_tokens, key=lambda w: (self.word_tokens[w], w))
+        # A prompt starts with FILLER_WORDS[0], whose cost at a text's start may differ from inside one.
+        self._first = first_word_tokens if isinstance(first_word_tokens, int) and first_word_tokens >= 1 else None
 
     @property
     def exact(self) -> bool:
@@ -81,6 +83,8 @@ class Prompts:
             return make_prompt(num_tokens, rng)
         words: list[str] = []
         left = max(1, num_tokens)
+        if self._first is not None and self._first <= left:
+            words, left = [FILLER_WORDS[0]], left - self._first
         while left > 0:
             # A seeded draw among the words that still fit: the sum lands on the requested count.
             fitting = [w for w in self._by_cost if self.word_tokens[w] <= left]

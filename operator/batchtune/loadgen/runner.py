@@ -267,11 +267,12 @@ async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: 
         await asyncio.sleep(0.2)
 
 
-async def engine_word_tokens(session: aiohttp.ClientSession, base_url: str, model: str) -> dict[str, int]:
-    """What each filler word costs the engine's tokenizer (vLLM's POST /tokenize); {} where it has none.
+async def engine_word_tokens(session: aiohttp.ClientSession, base_url: str, model: str) -> Prompts:
+    """Prompts sized by what each filler word costs the engine's tokenizer (vLLM's POST /tokenize).
 
     Each word is measured after a leading word (`the W` less `the`), so the count is that of a word
-    inside a prompt, whatever the tokenizer does at a text's start.
+    inside a prompt, whatever the tokenizer does at a text's start; prompts start with that leading
+    word, at its own cost. Without a tokenizer API (the twin), the twin's rule.
     """
 
     async def count(text: str) -> int | None:
@@ -290,11 +291,11 @@ async def engine_word_tokens(session: aiohttp.ClientSession, base_url: str, mode
     lead = FILLER_WORDS[0]
     base = await count(lead)
     if base is None:
-        return {}  # no tokenizer API (the twin): one request, not one per word
+        return Prompts()  # no tokenizer API (the twin): one request, not one per word
     counts = await asyncio.gather(*(count(f"{lead} {word}") for word in FILLER_WORDS))
     if any(c is None for c in counts):
-        return {}
-    return {word: c - base for word, c in zip(FILLER_WORDS, counts, strict=True) if c is not None}
+        return Prompts()
+    return Prompts({word: c - base for word, c in zip(FILLER_WORDS, counts, strict=True) if c is not None}, base)
 
 
 async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -309,7 +310,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = spec.model or await first_model(session, base, spec.ready_timeout_s)
-        prompts = Prompts(await engine_word_tokens(session, base, model))
+        prompts = await engine_word_tokens(session, base, model)
         loop = asyncio.get_running_loop()
         started = loop.time()
         wall_offset = time.time() - started
