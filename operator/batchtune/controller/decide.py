@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from batchtune.api import ContainerArgs, Knee, Recommendation, Setting, TrialRecord
 from batchtune.controller import retune, telemetry
+from batchtune.controller.plan import production_peak
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.controller.trials import current_is_candidate, outcome_of
@@ -16,8 +17,6 @@ from batchtune.core.selection import OBJECTIVE_WORDS, CompletedTrial, Selection,
 from batchtune.core.slo import evaluate_slo
 from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState, Verdict
 
-PEAK_LOOKBACK_SECONDS = 3600
-
 
 def submit_report(tick: Tick) -> None:
     try:
@@ -25,16 +24,6 @@ def submit_report(tick: Tick) -> None:
                                   dict(tick.tuning.spec), tick.status.to_wire())
     except Exception as exc:  # noqa: BLE001  # a report is nice to have; the decision must not wait on it
         tick.log.warning("Report for %s not queued: %s", tick.tuning.name, exc)
-
-
-def production_peak(tick: Tick, target: Target) -> tuple[float | None, str]:
-    """Production's observed peak request rate (all replicas together) and where it came from."""
-    workload = tick.status.workload
-    if workload is not None and workload.source == "production" and workload.peak_requests_per_second:
-        return workload.peak_requests_per_second, (f"the busiest {workload.rate_window_seconds or 60}s window of "
-                                                   f"the profile's {workload.lookback_seconds}s")
-    peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
-    return peak, f"the highest 1-minute rate over the last {PEAK_LOOKBACK_SECONDS}s"
 
 
 def select(tick: Tick) -> None:

@@ -13,7 +13,6 @@ from batchtune.api import (
     Setting,
     WorkloadRecord,
 )
-from batchtune.controller.decide import PEAK_LOOKBACK_SECONDS
 from batchtune.controller.ports import MetricsReader
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
@@ -125,6 +124,19 @@ def measure_workload(tick: Tick, target: Target) -> WorkloadRecord | None:
                      f"{tick.spec.load.production.min_requests}), or unset fromProduction", warn=True)
         return None
     return profile
+
+
+PEAK_LOOKBACK_SECONDS = 3600
+
+
+def production_peak(tick: Tick, target: Target) -> tuple[float | None, str]:
+    """Production's observed peak request rate (all replicas together) and where it came from."""
+    workload = tick.status.workload
+    if workload is not None and workload.source == "production" and workload.peak_requests_per_second:
+        return workload.peak_requests_per_second, (f"the busiest {workload.rate_window_seconds or 60}s window of "
+                                                   f"the profile's {workload.lookback_seconds}s")
+    peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+    return peak, f"the highest 1-minute rate over the last {PEAK_LOOKBACK_SECONDS}s"
 
 
 def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: int) -> CurveLoadRecord | None:
