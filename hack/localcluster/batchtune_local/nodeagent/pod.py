@@ -524,7 +524,9 @@ class PodWorker:
         expanded = dict(c.spec)
         for key in ("command", "args"):
             if expanded.get(key):
-                expanded[key] = [rewrite_path(expand(str(word), env), mounts) for word in expanded[key]]
+                # The program itself comes from the image (here: the host, e.g. a venv under /tmp), never the volume.
+                expanded[key] = [expand(str(word), env) if key == "command" and i == 0 else
+                                 rewrite_path(expand(str(word), env), mounts) for i, word in enumerate(expanded[key])]
         argv = self.settings.image_map.argv_for(expanded)
         return argv, env
 

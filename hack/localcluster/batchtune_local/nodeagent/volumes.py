@@ -4,7 +4,8 @@ There is no mount namespace here, so a container that writes `/tmp/result.json` 
 at `/tmp` would write the host's `/tmp` (shared by every pod, and left over between runs). Instead each
 emptyDir volume is a directory `<pod dir>/volumes/<name>` that all the pod's containers share and that
 goes with the pod, and every command/args word and env value that names a path under the mount
-(`/tmp`, `/tmp/x`, `--flag=/tmp/x`) is rewritten to it. Other volume types stay ignored.
+(`/tmp`, `/tmp/x`, `--flag=/tmp/x`) is rewritten to it, except the program itself (`command[0]`, which
+comes from the image: here the host, whose interpreter may live under /tmp). Other volume types stay ignored.
 """
 
 from __future__ import annotations
