@@ -487,3 +487,10 @@ def tuning_world(**spec_overrides: Any) -> World:
     w = World(bt_spec=spec(**spec_overrides))
     w.deployments["llm"] = production_target()
     return w
+
+
+def world(**spec_overrides: Any) -> World:
+    """A world with production's Deployment `llm` and a BatchTuning of `spec(**spec_overrides)`."""
+    w = World(bt_spec=spec(**spec_overrides))
+    w.deployments["llm"] = production_target()
+    return w

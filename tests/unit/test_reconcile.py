@@ -11,7 +11,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from fake_world import NS, World, knee_model, production_target, reset_backoff, spec
+from fake_world import NS, World, knee_model, production_target, reset_backoff, spec, world
 
 from batchtune.controller.ports import Install
 from batchtune.core.production import AppliedMark, MarkState
@@ -26,12 +26,6 @@ def _fresh_backoff():
     reset_backoff()
     yield
     reset_backoff()
-
-
-def world(**spec_overrides) -> World:
-    w = World(bt_spec=spec(**spec_overrides))
-    w.deployments["llm"] = production_target()
-    return w
 
 
 def production_args(w: World) -> list[str]:

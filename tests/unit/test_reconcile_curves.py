@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from fake_world import World, production_target, reset_backoff, spec
+from fake_world import World, reset_backoff, world
 
 from batchtune.controller.ports import Install
 
@@ -20,12 +20,6 @@ def _fresh_backoff():
     reset_backoff()
     yield
     reset_backoff()
-
-
-def world(**spec_overrides) -> World:
-    w = World(bt_spec=spec(**spec_overrides))
-    w.deployments["llm"] = production_target()
-    return w
 
 
 def curve_steps(trial: dict) -> list[dict]:
