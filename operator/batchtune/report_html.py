@@ -297,7 +297,9 @@ def _predicted(bt: Mapping[str, Any]) -> str:
             # that step is what the prediction is held against (else the trial's own figures).
             steps = [s for s in _list(trial.get("steps")) if isinstance(s, Mapping) and s.get("purpose") != "Curve"]
             at = _m(trial, "prediction", "capacityLoad")
-            first = steps[0] if steps and at is not None and steps[0].get("load") == at else None
+            # Of the steps at that load (a short bracketing one, then the full window), the full window's.
+            at_load = [s for s in steps if at is not None and s.get("load") == at]
+            first = next((s for s in at_load if s.get("purpose") != "Bracket"), at_load[0] if at_load else None)
             figures = _d(first, "metrics") if first is not None else _d(trial, "metrics")
             for key, words, unit in COMPARED:
                 p, m = pred.get(key), figures.get(key)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from batchtune.core.objective import Objective
 from batchtune.core.protocol import (
+    RESOLUTION,
     CurveLoad,
     Neighbour,
     ProtocolConfig,
@@ -17,6 +18,7 @@ from batchtune.core.protocol import (
     SearchBounds,
     StepResult,
     TrialDriver,
+    bracket_seconds,
     capacity_ceiling,
     capacity_start,
     close_step,
@@ -500,3 +502,74 @@ def test_a_fixed_load_rejection_quotes_its_reason_then_the_note():
     assert conclude([failed], THROUGHPUT).message == "p95 ITL 50 ms > 36 ms"
     noted = StepResult(32, {}, Verdict.VIOLATED, "p95 ITL 50 ms > 36 ms", -0.4, "itlMs: 33% apart")
     assert conclude([noted], THROUGHPUT).message == "p95 ITL 50 ms > 36 ms; itlMs: 33% apart"
+
+
+# ---- bracketing: short steps, the capacity measured for the full window -----------------------
+
+BRACKETING = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=False, bracketing=True)
+
+
+def _drive(capacity_short: float, capacity_full: float, config: ProtocolConfig = BRACKETING,
+           seqs: int = 256) -> list[StepResult]:
+    """A trial whose short windows read a capacity of `capacity_short` and full windows `capacity_full`."""
+    driver = TrialDriver(Setting(seqs, 90), config)
+    while (step := driver.next_step()) is not None:
+        capacity = capacity_short if step.short else capacity_full
+        margin = (capacity - step.load) / capacity
+        metrics = {**GOOD, M.ITL_MS: 36.0 * (1 - margin)}
+        driver.record(step.load, [RunResult(metrics)], full=not step.short)
+        assert len(driver.steps) <= config.max_steps + 2, driver.steps
+    return driver.steps
+
+
+def test_bracketing_steps_are_short_and_the_capacity_is_measured_for_the_full_window():
+    steps = _drive(100, 100)
+    assert [s.full for s in steps[:-1]] == [False] * (len(steps) - 1) and steps[-1].full
+    best_short = max((s for s in steps if not s.full and s.passed), key=lambda s: s.load)
+    assert steps[-1].load == best_short.load and steps[-1].passed
+    conclusion = conclude(steps, BRACKETING)
+    assert conclusion.verdict is Verdict.MET and conclusion.metrics[M.SLO_CAPACITY_LOAD] == steps[-1].load
+
+
+def test_without_bracketing_every_step_is_full():
+    steps = _drive(100, 100, CAPACITY)
+    assert all(s.full for s in steps)
+
+
+def test_a_full_window_that_fails_where_a_short_one_passed_makes_the_rest_full():
+    steps = _drive(capacity_short=100, capacity_full=60)
+    misled = next(i for i, s in enumerate(steps) if s.full and not s.passed)
+    assert all(s.full for s in steps[misled:])
+    conclusion = conclude(steps, BRACKETING)
+    assert conclusion.verdict is Verdict.MET
+    capacity = conclusion.metrics[M.SLO_CAPACITY_LOAD]
+    assert 60 * (1 - 2 * RESOLUTION) <= capacity <= 60
+    assert [s for s in steps if s.load == capacity and s.full and s.passed]
+
+
+def test_a_short_pass_alone_is_never_a_capacity():
+    short_pass = StepResult(40, {**GOOD}, Verdict.MET, "", 0.05, None, full=False)
+    full_fail = StepResult(60, {**GOOD}, Verdict.VIOLATED, "p95 ITL over", -0.2)
+    conclusion = conclude([short_pass, full_fail], BRACKETING)
+    assert conclusion.verdict is Verdict.VIOLATED and M.SLO_CAPACITY not in conclusion.metrics
+    assert "only short bracketing" in conclusion.verdict_reason and "(60)" in conclusion.verdict_reason
+
+
+def test_confirmations_are_bounded_when_every_full_window_fails():
+    steps = _drive(capacity_short=100, capacity_full=0.5)
+    assert len(steps) <= BRACKETING.max_steps + 2
+    assert conclude(steps, BRACKETING).verdict is not Verdict.MET
+
+
+def test_a_fixed_load_objective_never_brackets():
+    config = ProtocolConfig(Objective.OUTPUT_THROUGHPUT, SLO, open_loop=False, bracketing=True)
+    step = next_step([], Setting(64, 90), [], config, None, False)
+    assert step is not None and not step.short
+
+
+@pytest.mark.parametrize(("measure", "requested", "least", "expected"), [
+    (60, None, 0.0, 15), (10, None, 0.0, 5), (60, None, 20.0, 20), (60, None, 45.0, None), (60, 0, 0.0, None),
+    (60, 45, 0.0, 45), (60, 60, 0.0, None), (9, None, 0.0, None),
+])
+def test_bracket_seconds(measure, requested, least, expected):
+    assert bracket_seconds(measure, requested, least) == expected

@@ -573,3 +573,41 @@ def test_extra_args_limits_prune_what_vllm_would_refuse_on_the_trials_command_li
     assert pruned[0]["reason"] == "EngineInvariant" and "max_model_len" in pruned[0]["message"]
     assert w.status["plan"]["engineLimits"]["chunkedPrefill"] is False
     assert w.status["plan"]["engineLimits"]["maxModelLen"] == 8192
+
+
+# ---- bracketing: short search steps, the capacity measured for the full window ----------------
+
+FAST_SCRAPES = Install(operator_image="batchtune:test", scrape_lag_seconds=0, scrape_interval_seconds=2)
+
+
+def test_the_search_brackets_with_short_steps_and_measures_its_capacity_for_the_full_window():
+    w = world(searchSpace={"maxNumSeqs": {"values": [64]}}, strategy={"type": "Grid", "maxTrials": 1},
+              report={"curveLoad": {"type": "Off"}})  # the search's runs only
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}, install=FAST_SCRAPES) == "Succeeded"
+    seconds = [s for _, s in w.load_runs]
+    assert seconds[-1] == 30 and set(seconds[:-1]) == {8} and len(seconds) >= 3  # a quarter of 30, rounded up
+    trial = w.status["trials"][0]
+    *brackets, last = trial["steps"]
+    assert all(s["purpose"] == "Bracket" and s["measureSeconds"] == 8 for s in brackets)
+    assert "purpose" not in last and not last.get("measureSeconds") and last["verdict"] == "Met"
+    assert last["load"] in [s["load"] for s in brackets if s["verdict"] == "Met"]
+    assert trial["metrics"]["sloCapacityLoad"] == last["load"]
+
+
+def test_bracketing_is_off_when_the_scrape_interval_leaves_too_little_to_save():
+    w = world(searchSpace={"maxNumSeqs": {"values": [64]}}, strategy={"type": "Grid", "maxTrials": 1},
+              report={"curveLoad": {"type": "Off"}})
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}) == "Succeeded"  # 15 s scrapes: 45 s > 30 / 2
+    assert {s for _, s in w.load_runs} == {30}
+    assert all("purpose" not in s for s in w.status["trials"][0]["steps"])
+
+
+def test_bracket_seconds_zero_turns_it_off_and_a_window_too_short_for_the_scrapes_fails_planning():
+    w = world(searchSpace={"maxNumSeqs": {"values": [64]}}, strategy={"type": "Grid", "maxTrials": 1},
+              report={"curveLoad": {"type": "Off"}}, trial={"measureSeconds": 30, "bracketSeconds": 0})
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}, install=FAST_SCRAPES) == "Succeeded"
+    assert {s for _, s in w.load_runs} == {30}
+    w = world(trial={"measureSeconds": 30, "bracketSeconds": 3})
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}, install=FAST_SCRAPES) == "Failed"
+    message = w.condition("Failed")["message"]
+    assert "spec.trial.bracketSeconds 3" in message and w.created == []

@@ -452,6 +452,17 @@ class TrialSpec(_Spec):
     """How long a trial pod may take to become ready (model load) before it counts as failed."""
     repeats: Annotated[Int, Field(ge=1, le=10)] = 1
     """Measurements per setting; more repeats smooth noise."""
+    bracket_seconds: Annotated[Int, Field(ge=0, le=7200)] | None = None
+    """Measurement window of the capacity search's bracketing steps; only the load it settles on is measured for
+    measureSeconds before it counts. Unset: a quarter of measureSeconds (at least 5 s and 3 Prometheus scrape
+    intervals; off when that is over half of measureSeconds); 0: off, every step runs measureSeconds."""
+
+    @model_validator(mode="after")
+    def _bracket_below_window(self) -> TrialSpec:
+        if self.bracket_seconds and self.bracket_seconds >= self.measure_seconds:
+            _cross_field([("bracketSeconds", self.bracket_seconds,
+                           f"must be below measureSeconds ({self.measure_seconds}); 0 turns bracketing off")])
+        return self
 
 
 class CurveLoadSpec(_Spec):
@@ -792,6 +803,9 @@ class RunRecord(_Status):
 class StepPurpose(StrEnum):
     CURVE = "Curve"
     """Measured at the common curve load for the report; outside the trial's search and verdict."""
+    BRACKET = "Bracket"
+    """A short step of the capacity search (spec.trial.bracketSeconds): it brackets the capacity, and a load
+    it passes counts only once a full-window step there passes too."""
 
 
 class LoadStepRecord(_Status):
@@ -804,7 +818,8 @@ class LoadStepRecord(_Status):
     attempt: Annotated[int, Field(ge=0)] = 0
     """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
     measure_seconds: Annotated[int, Field(ge=1)] | None = None
-    """This step's measurement window when runs were lengthened past spec.trial.measureSeconds (too few requests)."""
+    """This step's measurement window when it is not spec.trial.measureSeconds: a bracketing step's, or runs
+    lengthened (too few requests)."""
     lengthened: Annotated[int, Field(ge=0)] = 0
     """How many of the attempts were lengthened runs rather than failed ones."""
     job: str | None = None
@@ -825,7 +840,7 @@ class LoadStepRecord(_Status):
     """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
     purpose: StepPurpose | None = None
     """Curve: the extra step at the common curve load (status.plan.curveLoad), for the report only, never
-    part of the trial's verdict; unset: a step of the trial's own search."""
+    part of the trial's verdict; Bracket: a short step of the search; unset: a full-window step of the search."""
 
 
 class TrialPrediction(_Status):

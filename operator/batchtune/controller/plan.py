@@ -185,6 +185,12 @@ def plan(tick: Tick) -> None:
         tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.measureSeconds {tick.spec.trial.measure_seconds}: "
                                                        f"{short}")
         return
+    bracket = tick.spec.trial.bracket_seconds
+    short = window_too_short(bracket, tick.ports.install.scrape_interval_seconds, "spec.trial.bracketSeconds") \
+        if bracket else None
+    if short and not tick.spec.load.num_prompts:
+        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.bracketSeconds {bracket}: {short} (or 0: off)")
+        return
     short = window_too_short(tick.spec.apply.verify_seconds, tick.ports.install.scrape_interval_seconds,
                              "spec.apply.verifySeconds")
     if short and tick.apply_mode(target) == "Auto":

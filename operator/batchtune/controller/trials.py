@@ -68,12 +68,14 @@ INFEASIBLE = frozenset({Reason.OOM_KILLED, Reason.OUT_OF_MEMORY, Reason.KV_CACHE
 # ---- status <-> protocol -------------------------------------------------------------------
 
 
-def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> ProtocolConfig:
+def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None,
+                    scrape_interval_seconds: float | None = None) -> ProtocolConfig:
     """How this BatchTuning measures its trials.
 
     With fromProduction and neither concurrency nor requestsPerMinute, the load is open loop at
     production's own peak rate per replica (a trial is one replica; a capacity search starts there),
-    with its burstiness.
+    with its burstiness. Bracketing steps are short when the install's scrape interval allows
+    (`bracket_window`); without it (a prediction's config) every step is full.
     """
     objective = Objective(spec.objective.type)
     load = spec.load
@@ -91,8 +93,23 @@ def protocol_config(spec: BatchTuningSpec, workload: WorkloadRecord | None) -> P
     if trace:
         rate = TRACE_AS_IS_PERCENT  # a trace's loads are percent of its own speed
     fixed = rate if rate is not None else load.concurrency
+    bracketing = scrape_interval_seconds is not None and bracket_window(spec, scrape_interval_seconds) is not None
     return ProtocolConfig(objective=objective, slo=SloTargets.from_spec(spec.slo), open_loop=rate is not None,
-                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=first or fixed, trace=trace)
+                          repeats=spec.trial.repeats, fixed_load=fixed, first_load=first or fixed, trace=trace,
+                          bracketing=bracketing)
+
+
+BRACKET_SCRAPES = 3
+"""A defaulted bracketing window spans at least this many scrape intervals (a rate needs two samples in it)."""
+
+
+def bracket_window(spec: BatchTuningSpec, scrape_interval_seconds: float) -> int | None:
+    """The window of the search's short steps, or None when every step runs measureSeconds (numPrompts runs
+    are counted, not timed)."""
+    if spec.load.num_prompts:
+        return None
+    return protocol.bracket_seconds(spec.trial.measure_seconds, spec.trial.bracket_seconds,
+                                    BRACKET_SCRAPES * scrape_interval_seconds)
 
 
 def goodput_targets(spec: BatchTuningSpec) -> tuple[tuple[str, int], ...]:
@@ -117,6 +134,10 @@ def is_curve(step: LoadStepRecord) -> bool:
     return step.purpose is StepPurpose.CURVE
 
 
+def is_bracket(step: LoadStepRecord) -> bool:
+    return step.purpose is StepPurpose.BRACKET
+
+
 def search_steps(trial: TrialRecord) -> list[StepResult]:
     """The closed steps of the trial's own search, in order: all the protocol decides on (never the curve step)."""
     return [step_result(s) for s in trial.steps if s.verdict is not None and not is_curve(s)]
@@ -125,11 +146,12 @@ def search_steps(trial: TrialRecord) -> list[StepResult]:
 def step_result(step: LoadStepRecord) -> StepResult:
     assert step.verdict is not None
     return StepResult(step.load, dict(step.metrics or {}), Verdict(step.verdict), step.verdict_reason or "",
-                      step.margin if step.margin is not None else -math.inf, step.cross_check)
+                      step.margin if step.margin is not None else -math.inf, step.cross_check, not is_bracket(step))
 
 
 def close(step: LoadStepRecord, config: ProtocolConfig) -> None:
-    closed = protocol.close_step(step.load, [RunResult(r.metrics, r.cross_check) for r in step.results], config)
+    closed = protocol.close_step(step.load, [RunResult(r.metrics, r.cross_check) for r in step.results], config,
+                                 not is_bracket(step))
     step.metrics = dict(closed.metrics)
     step.verdict = closed.verdict
     step.verdict_reason = closed.verdict_reason
@@ -206,7 +228,7 @@ def trials(tick: Tick) -> None:
         target_changed(tick, target)
         return
     owned = tick.ports.cluster.owned(tick.tuning.namespace, tick.tuning.uid)
-    config = protocol_config(tick.spec, tick.status.workload)
+    config = protocol_config(tick.spec, tick.status.workload, tick.ports.install.scrape_interval_seconds)
     for trial in tick.status.trials:
         if trial.state in (TrialState.PENDING, TrialState.DEPLOYING):
             deploying(tick, target, trial, owned)
@@ -445,13 +467,8 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         if upcoming is None:
             conclude(tick, trial, config)
             return
-        # A window that had to grow for an earlier search step is where the next one starts: lower loads finish
-        # fewer. The curve step starts at the spec's window (it is lengthened, as any run, if too few finish).
-        current = LoadStepRecord(load=upcoming.load, purpose=StepPurpose.CURVE if upcoming.curve else None,
-                                 measure_seconds=None if upcoming.curve else max(
-                                     (s.measure_seconds for s in steps if s.measure_seconds and not is_curve(s)),
-                                     default=None))
-        steps.append(current)
+        steps.append(new_step(tick, steps, upcoming))
+        current = steps[-1]
     name = load_job_name(tick.tuning.name, trial.index, len(steps) - 1, current.repeat, current.attempt)
     if current.job != name:
         current.job = name
@@ -478,6 +495,7 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
     short = measurement.window_too_short((window.end - window.start).total_seconds(),
                                          tick.ports.install.scrape_interval_seconds,
                                          "spec.load.numPrompts" if tick.spec.load.num_prompts else
+                                         "spec.trial.bracketSeconds" if is_bracket(current) else
                                          "spec.trial.measureSeconds")
     if short:
         give_up(tick, trial, current, config, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
@@ -523,6 +541,23 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned, conf
         conclude(tick, trial, config)  # the verdict in this tick, not the next
 
 
+def new_step(tick: Tick, steps: list[LoadStepRecord], upcoming: protocol.NextStep) -> LoadStepRecord:
+    """The record of the trial's next step, with its window.
+
+    A window that had to grow for an earlier search step of the same kind (short or full) is where the next
+    one starts: lower loads finish fewer. The curve step starts at the spec's window (it is lengthened, as
+    any run, if too few finish)."""
+    assert tick.spec is not None
+    if upcoming.curve:
+        return LoadStepRecord(load=upcoming.load, purpose=StepPurpose.CURVE)
+    grown = max((s.measure_seconds for s in steps if s.lengthened and s.measure_seconds and not is_curve(s)
+                 and is_bracket(s) == upcoming.short), default=None)
+    short = bracket_window(tick.spec, tick.ports.install.scrape_interval_seconds) if upcoming.short else None
+    if short is None:
+        return LoadStepRecord(load=upcoming.load, measure_seconds=grown)
+    return LoadStepRecord(load=upcoming.load, purpose=StepPurpose.BRACKET, measure_seconds=max(short, grown or 0))
+
+
 def retry(tick: Tick, trial: TrialRecord, step: LoadStepRecord, reason: Reason, message: str) -> None:
     """Run the load again as a new Job (the old one is garbage), up to MAX_MEASURE_ATTEMPTS failed ones."""
     step.attempt += 1
@@ -546,7 +581,8 @@ def give_up(tick: Tick, trial: TrialRecord, step: LoadStepRecord, config: Protoc
     conclusion stands without it)."""
     if is_curve(step):
         assert tick.spec is not None
-        give_up_curve(tick, trial, step, config or protocol_config(tick.spec, tick.status.workload),
+        give_up_curve(tick, trial, step, config or protocol_config(tick.spec, tick.status.workload,
+                                                                     tick.ports.install.scrape_interval_seconds),
                       f"{reason.value}: {message}")
     else:
         finish(tick, trial, TrialState.FAILED, reason, message, Verdict.UNKNOWN)

@@ -8,6 +8,12 @@ capacity); otherwise one step at a fixed load. `conclude` turns the steps into t
 verdict and reason. Nothing here does I/O or reads a clock: the operator drives it across reconcile
 ticks from status, the bench in a loop on its simulated GPU.
 
+Bracketing steps are short (`ProtocolConfig.bracketing`): while the search is still looking for the
+capacity each step runs a brief window (the caller's `bracket_seconds`), and only the load the search
+settles on is measured for the full window before it can be the trial's capacity (`conclude` counts only
+full-window passes). A short window can read a load as passing before its queue has grown; a full step
+that fails where a short one passed makes the rest of the trial's steps full.
+
 A tuning may also measure every trial at one common offered load (`CurveLoad`, `next_step`), so the
 report's utilization, throughput and latency curves compare settings under the same load rather than
 each at its own capacity. That step is for the picture only: it runs after the search has concluded what
@@ -34,6 +40,11 @@ RESOLUTION = 0.1
 OPEN_LOOP_CEILING = 10_000_000
 MAX_LENGTHENING = 4
 """A run with too few requests to judge is run again longer, up to this many times spec.trial.measureSeconds."""
+BRACKET_FRACTION = 0.25
+"""A bracketing step's window, as a fraction of the full one (by default)."""
+MIN_BRACKET_SECONDS = 5
+MAX_CONFIRMATIONS = 2
+"""Full-window re-runs of a load a short step passed at, per trial (the search's step budget aside)."""
 
 # Worst case over repeats: the highest latency/error/queue, the lowest throughput, the mean of the rest.
 HIGHER_IS_WORSE = frozenset({
@@ -66,6 +77,8 @@ class ProtocolConfig:
     """The capacity search's first load when no neighbour has a capacity yet; None: half the batch (closed)."""
     trace: bool = False
     """Loads are percent of a trace's own speed (100: replayed as is), not requests per minute."""
+    bracketing: bool = False
+    """The capacity search's steps run a short window until it settles; only its capacity step runs the full one."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -105,6 +118,8 @@ class StepResult:
     margin: float
     """Worst relative margin under the headroom-adjusted limits; negative when a limit is exceeded."""
     cross_check: str | None = None
+    full: bool = True
+    """Measured for the full window; False: a short bracketing step (never a trial's capacity on its own)."""
 
     @property
     def passed(self) -> bool:
@@ -190,15 +205,31 @@ def slo_margin(metrics: Mapping[str, float], slo: SloTargets) -> float:
     return min(margins) if margins else -math.inf
 
 
-def close_step(load: int, runs: Sequence[RunResult], config: ProtocolConfig) -> StepResult:
-    """Combine the runs of a load step (worst case) and judge it against the SLO."""
+def close_step(load: int, runs: Sequence[RunResult], config: ProtocolConfig, full: bool = True) -> StepResult:
+    """Combine the runs of a load step (worst case) and judge it against the SLO; `full`: run for the full window."""
     if not runs:
         raise ValueError(f"a step at load {load} has no run to close")
     combined = worst_case([r.metrics for r in runs])
     verdict = evaluate_slo(combined, config.slo)
     notes = [r.cross_check for r in runs if r.cross_check]
     return StepResult(load, {k: _round(v) for k, v in combined.items()}, verdict.verdict, verdict.reason[:500],
-                      _round(slo_margin(combined, config.slo)), notes[0][:500] if notes else None)
+                      _round(slo_margin(combined, config.slo)), notes[0][:500] if notes else None, full)
+
+
+def bracket_seconds(measure_seconds: int, requested: int | None = None, least: float = 0.0) -> int | None:
+    """The window of a bracketing step, or None when steps should not be short.
+
+    `requested`: spec.trial.bracketSeconds (0: off; None: a quarter of the window, at least
+    MIN_BRACKET_SECONDS and `least`, the shortest window the metrics source measures well; off when that
+    leaves it over half the full window, too little saved to pay for a confirmation). A window no shorter
+    than the full one is no bracketing.
+    """
+    if requested == 0:
+        return None
+    if requested is not None:
+        return requested if requested < measure_seconds else None
+    seconds = max(math.ceil(measure_seconds * BRACKET_FRACTION), MIN_BRACKET_SECONDS, math.ceil(least))
+    return seconds if seconds <= measure_seconds / 2 else None
 
 
 def longer_run(metrics: Mapping[str, float], seconds: int, base_seconds: int, slo: SloTargets) -> int | None:
@@ -250,19 +281,52 @@ def capacity_ceiling(setting: Setting, config: ProtocolConfig) -> int:
 
 def next_load(steps: Sequence[StepResult], setting: Setting, neighbours: Sequence[Neighbour],
               config: ProtocolConfig, predicted: int | None = None) -> int | None:
-    """The load of the trial's next step, or None when the trial is measured enough to conclude.
+    """The load of the trial's next search step, or None when the trial is measured enough to conclude."""
+    step = next_search_step(steps, setting, neighbours, config, predicted)
+    return None if step is None else step.load
 
-    `predicted`: a twin's predicted capacity for this setting, where the search starts."""
+
+def next_search_step(steps: Sequence[StepResult], setting: Setting, neighbours: Sequence[Neighbour],
+                     config: ProtocolConfig, predicted: int | None = None) -> NextStep | None:
+    """The trial's next search step (short while bracketing), or None when it is measured enough to conclude.
+
+    `predicted`: a twin's predicted capacity for this setting, where the search starts. With bracketing the
+    search runs on the settled steps (a full step replaces the short ones at its load); once it has settled,
+    a capacity that only a short step passed at is measured again for the full window (at most
+    MAX_CONFIRMATIONS times a trial)."""
     if not config.searches_capacity:
         if steps:
             return None
-        if config.fixed_load is not None:
-            return config.fixed_load
-        return setting.max_num_seqs
+        return NextStep(config.fixed_load if config.fixed_load is not None else setting.max_num_seqs)
     bounds = SearchBounds(start=capacity_start(setting, neighbours, config, predicted),
                           highest=capacity_ceiling(setting, config), max_steps=config.max_steps,
                           resolution=config.resolution)
-    return search_next(steps, bounds)
+    settled = settled_steps(steps)
+    load = search_next(settled, bounds)
+    if load is not None:
+        return NextStep(load, short=config.bracketing and not short_window_misled(steps))
+    best = max((s for s in settled if s.passed), key=lambda s: s.load, default=None)
+    if best is None or best.full or confirmations(steps) >= MAX_CONFIRMATIONS:
+        return None
+    return NextStep(best.load)
+
+
+def settled_steps(steps: Sequence[StepResult]) -> list[StepResult]:
+    """The steps the search decides on: a full-window step at a load replaces the short ones there."""
+    full_loads = {s.load for s in steps if s.full}
+    return [s for s in steps if s.full or s.load not in full_loads]
+
+
+def confirmations(steps: Sequence[StepResult]) -> int:
+    """Full-window steps at a load a short step ran at: re-measurements of a bracketing pass."""
+    short_loads = {s.load for s in steps if not s.full}
+    return sum(1 for s in steps if s.full and s.load in short_loads)
+
+
+def short_window_misled(steps: Sequence[StepResult]) -> bool:
+    """A full window failed a load a short one passed: short windows read this setting too kindly."""
+    short_passes = {s.load for s in steps if not s.full and s.passed}
+    return any(s.full and not s.passed and s.load in short_passes for s in steps)
 
 
 def search_next(steps: Sequence[StepResult], bounds: SearchBounds) -> int | None:
@@ -388,6 +452,8 @@ class NextStep:
     load: int
     curve: bool = False
     """The extra step at the common curve load (outside the search)."""
+    short: bool = False
+    """A bracketing step of the search: run for the short window (`bracket_seconds`)."""
 
 
 def next_step(steps: Sequence[StepResult], setting: Setting, neighbours: Sequence[Neighbour],
@@ -396,9 +462,9 @@ def next_step(steps: Sequence[StepResult], setting: Setting, neighbours: Sequenc
     """The trial's next step: the search's, then (once the search is done) the curve step unless the curve
     load was one of the search's own loads or `curve_done` (measured, or given up); None: conclude.
     `steps` are the search's closed steps only; `predicted` as for `next_load`."""
-    load = next_load(steps, setting, neighbours, config, predicted)
-    if load is not None:
-        return NextStep(load)
+    step = next_search_step(steps, setting, neighbours, config, predicted)
+    if step is not None:
+        return step
     if curve is None or curve_done or search_step_at(steps, curve, config) is not None:
         return None
     return NextStep(curve.load, curve=True)
@@ -429,11 +495,15 @@ def _conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion
             message = step.verdict_reason + (f"; {step.cross_check}" if step.cross_check else "")
         return Conclusion(_figures(step, steps), step.verdict, step.verdict_reason, Reason.MEASURED, message,
                           len(steps))
-    passing = [s for s in steps if s.passed]
+    passing = [s for s in steps if s.passed and s.full]  # a short window alone never makes a capacity
     if not passing:
-        step = min(steps, key=lambda s: s.load)
-        verdict = Verdict.UNKNOWN if all(s.verdict is Verdict.UNKNOWN for s in steps) else Verdict.VIOLATED
-        why = f"even the lowest load ({step.load}) fails: {step.verdict_reason}"
+        unconfirmed = any(s.passed for s in steps)
+        judged = [s for s in steps if not s.passed] if unconfirmed else steps
+        step = min(judged, key=lambda s: s.load)
+        verdict = Verdict.UNKNOWN if all(s.verdict is Verdict.UNKNOWN for s in judged) else Verdict.VIOLATED
+        why = (f"no load passed for the full window, only short bracketing ones; the lowest that fails "
+               f"({step.load}): {step.verdict_reason}" if unconfirmed else
+               f"even the lowest load ({step.load}) fails: {step.verdict_reason}")
         # The message is what a rejection quotes: the failure first, a cross-check note after it.
         return Conclusion(_figures(step, steps), verdict, why, Reason.NO_CAPACITY,
                           why + (f"; {step.cross_check}" if step.cross_check else ""), len(steps))
@@ -494,8 +564,11 @@ class TrialDriver:
     def next_load(self) -> int | None:
         return next_load(self.steps, self.setting, self.neighbours, self.config, self.predicted)
 
-    def record(self, load: int, runs: Sequence[RunResult]) -> StepResult:
-        step = close_step(load, runs, self.config)
+    def next_step(self) -> NextStep | None:
+        return next_search_step(self.steps, self.setting, self.neighbours, self.config, self.predicted)
+
+    def record(self, load: int, runs: Sequence[RunResult], full: bool = True) -> StepResult:
+        step = close_step(load, runs, self.config, full)
         self.steps.append(step)
         return step
 

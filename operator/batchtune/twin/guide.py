@@ -396,7 +396,9 @@ def advise(deployment: Deployment, candidates: Sequence[Setting], history: Seque
         prediction = (launched or {}).get(setting)
         if prediction is None or prediction.capacity_load is None or not outcome.steps:
             continue
-        step = min(outcome.steps, key=lambda s: abs(s.load - (prediction.capacity_load or 0)))
+        # The step at the predicted load; of two there (a short bracketing one, then the full window), the later.
+        target = prediction.capacity_load
+        _, step = min(enumerate(outcome.steps), key=lambda pair: (abs(pair[1].load - target), -pair[0]))
         limits = {k: deployment.slo.limit(t) for k, t in deployment.slo.latency_targets().items()}
         agreements[setting] = agreement(prediction.metrics, step.metrics, limits)
     trusted = calibration.trusted if calibration is not None else True
