@@ -131,3 +131,21 @@ def test_basis_names_the_measured_steps_and_status_keeps_the_measured_prediction
     kept = truncated(many, [S[8, 85]], top=3)
     assert [p.setting for p in kept.ranked][:3] == [p.setting for p in many.ranked][:3]
     assert S[8, 85] in {p.setting for p in kept.ranked} and len(kept.ranked) == 4
+
+
+def test_before_stopping_a_token_budget_ranked_near_the_best_gets_one_trial():
+    plan = plan_candidates(SearchSpace((64, 128), (85,), (8192, 16384)))
+    big, small, small_128 = Setting(64, 85, 16384), Setting(64, 85, 8192), Setting(128, 85, 8192)
+
+    def adv(ranked: dict[Setting, float]) -> TwinAdvice:
+        order = sorted(ranked.items(), key=lambda kv: -kv[1])
+        return TwinAdvice("b", True, True, "why", None, tuple(Predicted(k, v, 10, {}) for k, v in order), {})
+
+    def ask_(ranked: dict[Setting, float], history: list) -> Setting | None:  # noqa: ANN001
+        return make_strategy("TwinGuided", plan, SLO, "SloCapacity", 0, 12, adv(ranked)).ask(history, ())
+
+    history = [(big, done(27.0))]
+    # Nothing predicted 2% better: the other budget's best (within 5% of the best) is measured once.
+    assert ask_({big: 27.0, small_128: 26.5, small: 26.0}, history) == small_128
+    assert ask_({big: 27.0, small_128: 25.0}, history) is None  # over 5% below: not worth a trial
+    assert ask_({big: 27.0, small_128: 26.5, small: 26.0}, history + [(small_128, done(26.0))]) is None

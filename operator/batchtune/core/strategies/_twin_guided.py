@@ -9,6 +9,9 @@
 3. **Confirm.** The best untried candidate is measured next while the twin predicts it beats the best
    measured one by more than `CONFIRM_MARGIN` (in the twin's own terms, so both sides carry the same
    bias); its capacity search starts at the predicted capacity, so its first step tests the prediction.
+   Before it stops, a token budget (max-num-batched-tokens) no trial has measured gets one trial when the
+   twin ranks its best within `COLUMN_MARGIN` of the best: calibration on one budget says least about
+   another.
 4. **Distrust.** After `MAX_MISSES` confirmations whose first step disagreed with their prediction
    (`core.guidance.agreement`), or a calibration still Untrusted after `CALIBRATION_TRIALS` measured
    trials, the twin is not trusted and the search falls back to measuring: Adaptive, on the same history.
@@ -18,6 +21,8 @@ in the history (Adaptive's rules) are never proposed. Selection afterwards is th
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from batchtune.core.guidance import TwinAdvice, measured
 from batchtune.core.objective import Objective
@@ -35,6 +40,8 @@ MAX_MISSES = 2
 """Confirmations that miss their prediction before the twin is distrusted."""
 MAX_CONFIRMATIONS = 4
 """Trials after the calibration trial at most (maxTrials caps it too)."""
+COLUMN_MARGIN = 0.05
+"""A token budget nothing was measured at gets a trial when the twin ranks its best within this share of the best."""
 CALIBRATION_TRIALS = 2
 """Measured trials after which a calibration still Untrusted hands the search to Adaptive."""
 
@@ -123,7 +130,26 @@ class TwinGuided(Strategy):
         for predicted in advice.ranked:
             if not open_(predicted.setting):
                 continue
-            return predicted.setting if predicted.objective > reference * (1 + CONFIRM_MARGIN) else None
+            if predicted.objective > reference * (1 + CONFIRM_MARGIN):
+                return predicted.setting
+            break
+        return self._uncovered_budget(done, open_)
+
+    def _uncovered_budget(self, done: list[HistoryEntry], open_: Callable[[Setting], bool]) -> Setting | None:
+        """Before stopping: the best candidate of a token budget no trial measured, when the twin ranks it
+        within COLUMN_MARGIN of its best. A budget changes how prefills share a step, which calibration on
+        another budget says least about."""
+        assert self.advice is not None
+        budgets = {s.max_num_batched_tokens for s in self.plan.candidates}
+        if len(budgets) < 2 or not self.advice.ranked:
+            return None
+        covered = {s.max_num_batched_tokens for s, _ in done}
+        top = self.advice.ranked[0].objective
+        for predicted in self.advice.ranked:
+            if predicted.objective < top * (1 - COLUMN_MARGIN):
+                return None
+            if predicted.setting.max_num_batched_tokens not in covered and open_(predicted.setting):
+                return predicted.setting
         return None
 
     def _reference(self, done: list[HistoryEntry]) -> float:
