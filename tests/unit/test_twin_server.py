@@ -298,6 +298,53 @@ def test_server_and_model_agree():
     raise AssertionError(f"server and model disagree by more than 10% in every run: {misses}")
 
 
+@pytest.mark.parametrize("boot_s", [1.0, 26274.396163733, 2.0**20], ids=["1s-up", "7h-up", "12d-up"])
+def test_a_wait_for_the_api_server_ends_when_the_engine_said(boot_s):
+    """The engine's clock advances by each step's duration whatever the event loop's clock reads (seconds since
+    boot). Regression: the simulated time was read back from wall deadlines, `(start + wait/X - t0) * X`, which
+    often fell a rounding error short of the end of an idle wait; the rest of the wait was below the wall clock's
+    resolution, the step loop spun without advancing until its 0.25 s lag restart, and such a request's TTFT grew
+    by 0.25 s wall (0.5 s simulated at time scale 2: the closed loop at concurrency 16 ran at half speed). It
+    restarted 3, 7 and 7 times in these 12 requests at the three clocks."""
+    cfg = ServeConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
+    prompts = [256 + 7 * i for i in range(12)]
+
+    def engine_side_ttft(prompt):  # the same engine on a virtual clock, as predict runs it
+        engine = Engine(cfg)
+        engine.add_request("r", prompt, 4, 0.0)
+        now = 0.0
+        while not (out := engine.step(now)).emitted:
+            now += out.duration_s
+        return now + out.duration_s
+
+    class BootClock(TwinServer):  # the event loop's clock as on a machine up for boot_s seconds
+        def _now(self):
+            return super()._now() - origin + boot_s
+
+    async def go():
+        nonlocal origin
+        origin = asyncio.get_running_loop().time()
+        server = BootClock(Engine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=2.0,
+                                                      stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
+        await server.start()
+        server.mark_ready()
+        ttfts = []
+        try:
+            for prompt in prompts:  # one at a time: each first waits for the API server's ingest, on an idle GPU
+                stream = server.submit(prompt, 4)
+                while not await stream.queue.get():
+                    pass
+                ttfts.append(stream.first_sim - stream.arrival_sim)
+        finally:
+            await server.stop()
+        return ttfts, server.timing.restarts
+
+    origin = 0.0
+    ttfts, restarts = run(go())
+    assert restarts == 0
+    assert ttfts == pytest.approx([engine_side_ttft(p) for p in prompts], abs=1e-9)
+
+
 def test_engine_death_ends_open_streams_and_fails_health():
     async def go():
         async with serving(time_scale=50.0) as (server, s):

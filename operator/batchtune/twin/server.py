@@ -5,9 +5,13 @@ deadline (`duration_s / time_scale` after the previous deadline, so sleep jitter
 engine's own compute time do not accumulate), then hand each `TokenEvent` to its request's
 queue. Request handlers stream those tokens as SSE chunks in vLLM's format.
 
-Clocks: the engine and the Prometheus histograms run on simulated seconds
-(`sim = (wall - t0) * time_scale`), taken at scheduled step boundaries, so /metrics shows the
-latencies the modelled GPU would have at any time scale. HTTP clients see wall time.
+Clocks: the engine and the Prometheus histograms run on simulated seconds, taken at scheduled
+step boundaries, so /metrics shows the latencies the modelled GPU would have at any time scale.
+HTTP clients see wall time. The simulated clock is kept in simulated seconds (`now + duration_s`,
+as `predict` advances it) and each wall deadline derived from it (`t0 + sim / time_scale`), never
+the other way round: a simulated time read back from a rounded wall deadline can fall a rounding
+error short of the end of an idle wait, and the rest of that wait is below the wall clock's float
+resolution (3.6e-12 s after 4.5 h of uptime), so it never ends.
 
 While "the model loads", /health and the API answer 503 (the socket is already bound; a real
 vLLM refuses or stalls connections at that point, both fail a readiness probe the same way).
@@ -198,6 +202,9 @@ class TwinServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._work = asyncio.Event()
         self._deadline: float | None = None
+        """Wall time at which the current step ends (None while idle)."""
+        self._sim_deadline = 0.0
+        """The same moment in simulated seconds: where the engine's clock stands."""
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
         self._activity = _Activity()
@@ -210,6 +217,9 @@ class TwinServer:
     def sim_time(self, wall: float) -> float:
         return (wall - self._t0) * self.ts
 
+    def wall_time(self, sim: float) -> float:
+        return self._t0 + sim / self.ts
+
     def _now(self) -> float:
         assert self._loop is not None
         return self._loop.time()
@@ -218,7 +228,7 @@ class TwinServer:
     async def start(self) -> None:
         """Bind the socket and start the step loop and reporters (the API answers 503 until `mark_ready`)."""
         self._loop = asyncio.get_running_loop()
-        self._t0 = self._loop.time()
+        self._t0 = self._now()
         # Streams stalled by the stopped step loop would hold a graceful shutdown for its default 60 s.
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -266,9 +276,8 @@ class TwinServer:
             if self._deadline is None or wall - self._deadline > MAX_LAG_S:
                 if self._deadline is not None:
                     self.timing.restarts += 1
-                self._deadline = wall
-            start = self._deadline
-            sim_start = self.sim_time(start)
+                self._deadline, self._sim_deadline = wall, self.sim_time(wall)
+            sim_start = self._sim_deadline
             try:
                 out = self.engine.step(sim_start)
             except Exception as exc:  # noqa: BLE001 - the engine dying is the server dying
@@ -279,14 +288,16 @@ class TwinServer:
                 self._work.clear()
                 await self._work.wait()
                 continue
+            # Advanced in simulated seconds: an idle wait of `ready - now` then ends exactly at `ready`.
+            sim_end = sim_start + out.duration_s
             wall_duration = out.duration_s / self.ts
-            deadline = start + wall_duration
-            self._deadline = deadline
+            deadline = self.wall_time(sim_end)
+            self._deadline, self._sim_deadline = deadline, sim_end
             await _sleep_until(loop, deadline)
             actual = loop()
             self.timing.record(wall_duration, actual - deadline)
             self._activity.add(out, wall_duration)
-            self._deliver(out, self.sim_time(deadline))
+            self._deliver(out, sim_end)
 
     def _die(self, exc: BaseException) -> None:
         self.failure = exc
@@ -360,7 +371,7 @@ class TwinServer:
         """Add a request to the engine and return its stream (tokens arrive on `stream.queue`)."""
         wall = self._now()
         # A request that arrives while the loop is late counts as arriving at the next step start.
-        arrival = self.sim_time(min(wall, self._deadline) if self._deadline is not None else wall)
+        arrival = self.sim_time(wall) if self._deadline is None else min(self.sim_time(wall), self._sim_deadline)
         req_id = f"req-{next(self._ids)}"
         stream = _Stream(req_id, prompt_tokens, max_tokens, reason_at_end, arrival)
         self._streams[req_id] = stream
