@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from batchtune.core.objective import Objective
 from batchtune.core.protocol import (
+    EXTRA_STEPS_WHEN_MISLED,
+    MAX_CONFIRMATIONS,
     RESOLUTION,
     CurveLoad,
     Neighbour,
@@ -518,7 +520,7 @@ def _drive(capacity_short: float, capacity_full: float, config: ProtocolConfig =
         margin = (capacity - step.load) / capacity
         metrics = {**GOOD, M.ITL_MS: 36.0 * (1 - margin)}
         driver.record(step.load, [RunResult(metrics)], full=not step.short)
-        assert len(driver.steps) <= config.max_steps + 2, driver.steps
+        assert len(driver.steps) <= config.max_steps + EXTRA_STEPS_WHEN_MISLED + MAX_CONFIRMATIONS, driver.steps
     return driver.steps
 
 
@@ -557,7 +559,7 @@ def test_a_short_pass_alone_is_never_a_capacity():
 
 def test_confirmations_are_bounded_when_every_full_window_fails():
     steps = _drive(capacity_short=100, capacity_full=0.5)
-    assert len(steps) <= BRACKETING.max_steps + 2
+    assert len(steps) <= BRACKETING.max_steps + EXTRA_STEPS_WHEN_MISLED + MAX_CONFIRMATIONS
     assert conclude(steps, BRACKETING).verdict is not Verdict.MET
 
 
@@ -573,3 +575,13 @@ def test_a_fixed_load_objective_never_brackets():
 ])
 def test_bracket_seconds(measure, requested, least, expected):
     assert bracket_seconds(measure, requested, least) == expected
+
+
+def test_a_failed_re_measurement_after_the_search_spent_its_steps_still_looks_below_it():
+    short = [(600, 0.10), (750, -0.001), (749, -0.01), (736, -0.05), (690, -0.08)]
+    steps = [StepResult(load, dict(GOOD), Verdict.MET if m >= 0 else Verdict.VIOLATED, "", m, None, False)
+             for load, m in short]
+    steps.append(StepResult(600, dict(GOOD), Verdict.VIOLATED, "", -0.02))  # the full window fails
+    step = next_step(steps, Setting(1024, 85), [], ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=True,
+                                                                     first_load=600, bracketing=True), None, False)
+    assert step is not None and step.load < 600 and not step.short

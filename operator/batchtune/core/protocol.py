@@ -45,6 +45,8 @@ BRACKET_FRACTION = 0.25
 MIN_BRACKET_SECONDS = 5
 MAX_CONFIRMATIONS = 2
 """Full-window re-runs of a load a short step passed at, per trial (the search's step budget aside)."""
+EXTRA_STEPS_WHEN_MISLED = 2
+"""Search steps added once a full window failed where a short one passed (its capacity lies lower)."""
 
 # Worst case over repeats: the highest latency/error/queue, the lowest throughput, the mean of the rest.
 HIGHER_IS_WORSE = frozenset({
@@ -298,13 +300,16 @@ def next_search_step(steps: Sequence[StepResult], setting: Setting, neighbours: 
         if steps:
             return None
         return NextStep(config.fixed_load if config.fixed_load is not None else setting.max_num_seqs)
+    misled = short_window_misled(steps)
+    # A failed re-measurement moves the capacity below a pass the search counted on: room to find it.
     bounds = SearchBounds(start=capacity_start(setting, neighbours, config, predicted),
-                          highest=capacity_ceiling(setting, config), max_steps=config.max_steps,
+                          highest=capacity_ceiling(setting, config),
+                          max_steps=config.max_steps + (EXTRA_STEPS_WHEN_MISLED if misled else 0),
                           resolution=config.resolution)
     settled = settled_steps(steps)
     load = search_next(settled, bounds)
     if load is not None:
-        return NextStep(load, short=config.bracketing and not short_window_misled(steps))
+        return NextStep(load, short=config.bracketing and not misled)
     best = max((s for s in settled if s.passed), key=lambda s: s.load, default=None)
     if best is None or best.full or confirmations(steps) >= MAX_CONFIRMATIONS:
         return None
