@@ -26,7 +26,7 @@ class ScriptedTestbed:
     def start(self, knobs: Knobs) -> StartResult:
         return StartResult(True, 60.0)
 
-    def run_load(self, load: Load, *, prompts=None, warmup=False) -> Reading:
+    def run_load(self, load: Load, *, prompts=None, warmup=False, seconds=None) -> Reading:
         self.loads.append(load.value)
         over = load.value > self.capacity
         return Reading(load, {

@@ -139,6 +139,15 @@ class TrialProtocol:
     headroom_pct: int = 0
     """Latency margin a pass needs (the core's SLO headroom); baselines use 0."""
     repeats: int = 1
+    bracketing: bool = True
+    """The capacity search's bracketing steps run a short window (`core.protocol.bracket_seconds`), as the
+    operator's do when its scrape interval allows; only the capacity step runs the full one."""
+
+    def bracket_seconds(self, scenario: Scenario) -> float | None:
+        """A short step's billed seconds (None: every step is full)."""
+        if not self.bracketing:
+            return None
+        return core_protocol.bracket_seconds(int(scenario.measure_s))
 
     def config(self, scenario: Scenario) -> ProtocolConfig:
         from batchtune.bench.strategies.ours import slo_targets
@@ -151,7 +160,8 @@ class TrialProtocol:
                               slo_targets(scenario, self.headroom_pct),
                               open_loop if capacity else bool(scenario.load and scenario.load.kind == "request_rate"),
                               repeats=self.repeats, max_steps=self.max_load_steps, resolution=self.resolution,
-                              fixed_load=fixed, first_load=first)
+                              fixed_load=fixed, first_load=first,
+                              bracketing=capacity and self.bracket_seconds(scenario) is not None)
 
 
 @dataclass(frozen=True)
@@ -205,16 +215,19 @@ def operator_trial(
                                          for r in neighbours if r.met and r.conclusion is not None])
     driver = core_protocol.TrialDriver(setting, config, found, predicted=predicted)
     readings: dict[int, Reading] = {}
-    while (load := driver.next_load()) is not None:
-        runs = []
+    short_seconds = protocol.bracket_seconds(scenario)
+    while (step := driver.next_step()) is not None:
+        load, runs = step.load, []
         for _ in range(config.repeats):
-            reading = testbed.run_load(_from_int_load(config.open_loop, load))
+            reading = testbed.run_load(_from_int_load(config.open_loop, load),
+                                       seconds=short_seconds if step.short else None)
             if not reading.ok:
                 # A setting that crashes under any tried load is no candidate, whatever passed before.
                 return TrialResult(knobs, True, 0.0, False, None, reading, reading.failure, len(driver.steps) + 1)
             runs.append(RunResult(status_metrics(reading, scenario, config.slo.percentile)))
-            readings.setdefault(load, reading)
-        driver.record(load, runs)
+            if not step.short or load not in readings:
+                readings[load] = reading  # the full window's reading, where there is one
+        driver.record(load, runs, full=not step.short)
     conclusion = driver.conclude()
     if conclusion.verdict is not Verdict.MET:
         lowest = readings[min(readings)] if readings else None

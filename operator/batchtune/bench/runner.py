@@ -120,6 +120,8 @@ def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
     return [
         CoreStrategy("TwinGuided", fits=fits, name="twin_guided"),
         CoreStrategy("Adaptive", fits=fits, name="adaptive"),
+        # The same-run baseline of the cheaper trials: Adaptive with every load step measured for the full window.
+        CoreStrategy("Adaptive", fits=fits, name="adaptive_full_windows", bracketing=False),
         CoreStrategy("Bayesian", fits=fits, name="bayesian"),
         SimulationOnly(fits=fits),
         AutoTune(),

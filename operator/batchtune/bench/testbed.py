@@ -93,9 +93,12 @@ class SimTestbed:
         self._warm = False
         return result
 
-    def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = True) -> Reading:
+    def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = True,
+                 seconds: float | None = None) -> Reading:
         """One load step on the running server. Operator-style steps (prompts=None) last the scenario's `measure_s`
-        after a one-off warm-up; prompt-counted steps last until the N-th request completes."""
+        (or `seconds`, a bracketing step's shorter window) after a one-off warm-up; prompt-counted steps last
+        until the N-th request completes. A shorter window simulates proportionally less time and is noisier
+        (run-to-run noise grows as 1/sqrt of the window)."""
         if self._running is None:
             raise RuntimeError("run_load needs a started server; call start() first and check its result")
         if prompts is None and warmup and not self._warm:
@@ -103,13 +106,16 @@ class SimTestbed:
             self._warm = True
         self._calls += 1
         seed = derive_seed(self.seed, self.scenario.name, self._calls)
+        full = self.scenario.measure_s
+        short = prompts is None and seconds is not None and 0 < seconds < full
+        fraction = seconds / full if short and seconds is not None else 1.0
         reading = self.truth.measure(
-            self.scenario, self._running, load, duration_s=self.scenario.window_s, seed=seed, noise=self.noise,
-            prompts=prompts,
+            self.scenario, self._running, load, duration_s=self.scenario.window_s * fraction, seed=seed,
+            noise=self.noise / math.sqrt(fraction), prompts=prompts,
         )
         self.ledger.load_steps += 1
         if prompts is None:
-            seconds = self.scenario.measure_s
+            seconds = full * fraction
         else:
             seconds = prompt_run_seconds(reading, prompts, self.cost.drain_s_cap)
         self._charge(seconds)

@@ -93,9 +93,12 @@ class TwinTruth:
         cfg = self.config(scenario, knobs)
         conc = int(load.value) if load.kind == "concurrency" else None
         rate = load.value if load.kind == "request_rate" else None
+        # An operator step warms up for spec.trial.warmupSeconds whatever its window: an open loop's warm-up is
+        # the full window's (the twin's default scales with the window, which would leave a short one in the ramp).
+        warmup = min(0.1 * scenario.window_s, 10.0) if rate is not None and prompts is None else None
         workload = Workload(
             scenario.input_len, scenario.output_len, concurrency=conc, request_rate=rate,
-            length_dist=scenario.length_dist, num_prompts=prompts,
+            length_dist=scenario.length_dist, num_prompts=prompts, warmup_s=warmup,
         )
         window = min(PROMPT_RUN_CAP_S, max(duration_s, 1.0)) if prompts is None else PROMPT_RUN_CAP_S
         prediction = predict(cfg, workload, window, seed=seed, noise=noise, params=self.params(scenario))

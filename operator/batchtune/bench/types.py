@@ -123,7 +123,10 @@ class Testbed(Protocol):
 
     def start(self, knobs: Knobs) -> StartResult: ...
 
-    def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = False) -> Reading: ...
+    def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = False,
+                 seconds: float | None = None) -> Reading:
+        """`seconds`: a shorter measured window than the scenario's (a bracketing step)."""
+        ...
 
 
 @dataclass(frozen=True)

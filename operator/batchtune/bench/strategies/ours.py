@@ -105,6 +105,8 @@ class CoreStrategy:
     fits: FitFn | None = None
     """The memory-fit prefilter the operator plans with (the twin's estimator); None: none."""
     name: str = ""
+    bracketing: bool = True
+    """Short bracketing steps in the capacity search (the operator's default); False: every step full."""
 
     @property
     def label(self) -> str:
@@ -118,7 +120,8 @@ class CoreStrategy:
             return Choice(None, None, plan.error or "empty plan")
         guided = self.kind == "TwinGuided"
         deployment = deployment_for(scenario, self.headroom_pct) if guided else None
-        runner = TrialRunner(testbed, scenario, TrialProtocol(headroom_pct=self.headroom_pct))
+        runner = TrialRunner(testbed, scenario, TrialProtocol(headroom_pct=self.headroom_pct,
+                                                              bracketing=self.bracketing))
         history: list[HistoryEntry] = []
         completed: list[CompletedTrial] = []
         claimed: dict[Setting, TrialResult] = {}
