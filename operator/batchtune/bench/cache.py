@@ -20,10 +20,11 @@ def cache_dir() -> Path:
     return Path(base) / "batchtune" / "bench"
 
 
-# Twin modules only the strategies and the CLI use (calibration, the guide's fast path, the prefilter): the
-# truth's evaluations do not depend on them, so editing them keeps the oracle's cache.
+# Twin modules only the strategies, the CLI and the real-time server use (calibration, the guide's fast path, the
+# prefilter, the HTTP server and its metrics exposition): the truth's evaluations do not depend on them, so editing
+# them keeps the oracle's cache.
 STRATEGY_SIDE = frozenset({"calibration.py", "cli_calibrate.py", "cli_predict.py", "cli_vllm.py", "fit.py", "guide.py",
-                           "observations.py", "prefilter.py", "steady.py"})
+                           "metrics.py", "observations.py", "prefilter.py", "server.py", "steady.py"})
 
 
 def _twin_fingerprint() -> str:
