@@ -63,6 +63,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--num-prompts", type=int, default=1000, help="hard cap on requests (default %(default)s)")
     parser.add_argument("--duration", type=float, default=600.0, help="hard cap in seconds (default %(default)s)")
     parser.add_argument("--warmup-seconds", type=float, default=0.0, help="excluded from stats (default 0)")
+    parser.add_argument("--steady-warmup", action="store_true",
+                        help="end the warm-up once the load has settled (steady-state test), at most at "
+                             "--warmup-seconds; the measured window keeps its length (never for --trace)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             num_prompts=args.num_prompts,
             duration_s=args.duration,
             warmup_s=args.warmup_seconds,
+            steady_warmup=args.steady_warmup,
             seed=args.seed,
             ignore_eos=args.ignore_eos,
             percentile_metrics=tuple(m.strip() for m in args.percentile_metrics.split(",") if m.strip()),

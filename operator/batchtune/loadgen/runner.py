@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from batchtune.core.warmup import STEADY_CHECK_S, LoadSample, WarmupEnd, settled
 from batchtune.core.workload import LengthDistribution
 from batchtune.loadgen.prompts import FILLER_WORDS, Prompts
 from batchtune.loadgen.stats import (
@@ -76,6 +77,9 @@ class LoadSpec:
     """Hard cap on the run (simulated seconds, warm-up included); in-flight requests are cancelled."""
     warmup_s: float = 0.0
     """Simulated seconds at the start whose requests are excluded from the statistics."""
+    steady_warmup: bool = False
+    """End the warm-up at the first check where the load has settled (core/warmup.py), at most at `warmup_s`;
+    the measure window keeps its length (`duration_s - warmup_s`). Never for a trace replay."""
     seed: int = 0
     ignore_eos: bool = True
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
@@ -154,8 +158,13 @@ class _Tally:
     per_second: Counter[int] = field(default_factory=Counter)
     in_flight: int = 0
     max_in_flight: int = 0
+    tokens: int = 0
+    """Output tokens received since the load started (the steady-state test's rate)."""
+    finished: int = 0
+    """Requests ended since the load started."""
 
     def token(self, at: float, count: int = 1) -> None:
+        self.tokens += count
         if at >= self.window_start:
             self.window_tokens += count
             self.per_second[int(at - self.window_start)] += count
@@ -242,6 +251,7 @@ async def _send(
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         tally.in_flight -= 1
+        tally.finished += 1
         if not record.finished_at:
             record.finished_at = loop.time()
 
@@ -388,10 +398,37 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         else:
             driver = asyncio.ensure_future(open_loop())
         stopped_early = False
+        # The steady-state test: sample the counters every check until the load settles or the warm-up's time
+        # is up; settled, the window starts now and the hard stop moves with it (the window keeps its length).
+        checking = spec.steady_warmup and not spec.trace and spec.warmup_s > 0
+        streams = spec.concurrency if not math.isfinite(spec.request_rate) else None
+        samples: list[LoadSample] = []
+        next_check = started + STEADY_CHECK_S / spec.time_scale
+        ended_by = WarmupEnd.TIME
         try:
-            await asyncio.wait_for(asyncio.shield(driver), timeout=max(0.0, hard_stop - loop.time()))
-        except TimeoutError:
-            stopped_early = True
+            while True:
+                until = min(hard_stop, next_check) if checking else hard_stop
+                await asyncio.wait({driver}, timeout=max(0.0, until - loop.time()))
+                now = loop.time()
+                if driver.done():
+                    break
+                if now >= hard_stop:
+                    stopped_early = True
+                    break
+                if not checking or now < next_check:
+                    continue
+                next_check += STEADY_CHECK_S / spec.time_scale
+                if now >= warmup_end:
+                    checking = False
+                    continue
+                samples.append(LoadSample(at_s=(now - started) * spec.time_scale, issued=issued,
+                                          finished=tally.finished, in_flight=tally.in_flight,
+                                          output_tokens=tally.tokens))
+                if settled(samples, streams):
+                    hard_stop -= warmup_end - now
+                    warmup_end = tally.window_start = now
+                    ended_by, checking = WarmupEnd.STEADY, False
+                    say(f"Ended the warm-up at {(now - started) * spec.time_scale:.1f}s: the load has settled")
         finally:
             driver.cancel()
             for task in list(tasks):
@@ -437,6 +474,9 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         "input_len": spec.input_len,
         "output_len": spec.output_len,
         "warmup_seconds": spec.warmup_s,
+        "warmup_steady": spec.steady_warmup,
+        "warmup_ended": ended_by.value,
+        "warmup_elapsed_s": round((warmup_end - started) * spec.time_scale, 3),
         "duration_limit": spec.duration_s,
         "stopped_by_duration": stopped_early,
         "requests_sent": issued,

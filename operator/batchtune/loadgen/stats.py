@@ -223,7 +223,7 @@ SUMMARY_KEYS = (
     "request_goodput", "completed", "failed", "samples", "in_flight", "offered_request_rate", "measure_start", "measure_end", "duration", "request_throughput", "output_throughput", "total_token_throughput",
     *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
       for stat in ("mean", "median", "p50", "p90", "p95", "p99")),
-    "max_concurrency", "request_rate", "time_scale",
+    "max_concurrency", "request_rate", "time_scale", "warmup_ended", "warmup_elapsed_s",
 )  # every percentile an SLO may name, for the operator's verdicts
 SUMMARY_LIMIT_BYTES = 4096
 
