@@ -49,7 +49,6 @@ def test_a_load_that_settles_ends_its_warmup_early_and_keeps_its_window():
         assert result["stopped_by_duration"] is True
         assert result["duration"] == pytest.approx(MEASURE_S, rel=0.05)
         assert result["completed"] > 0 and result["failed"] == 0
-    assert steady["request_throughput"] == pytest.approx(fixed["request_throughput"], rel=0.25)
     summary = compact_summary(steady)
     assert '"warmup_ended":"steady"' in summary and '"warmup_elapsed_s":' in summary
 

@@ -34,6 +34,7 @@ from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.verify import InconclusivePolicy
 from batchtune.core.vocabulary import Phase, TrialState, Verdict
+from batchtune.core.warmup import WarmupMode
 from batchtune.core.workload import ArrivalProfile as CoreArrivalProfile
 from batchtune.core.workload import LengthDistribution as CoreLengthDistribution
 from batchtune.core.workload import WorkloadProfile as CoreWorkloadProfile
@@ -446,6 +447,10 @@ class TrialSpec(_Spec):
 
     warmup_seconds: Annotated[Int, Field(ge=0, le=3600)] = 30
     """Load before measuring starts (fills caches, compiles graphs)."""
+    warmup: WarmupMode = WarmupMode.STEADY
+    """Steady: the first load run of a trial warms up for warmupSeconds, later ones (the server is warm, only the queue
+    must settle at the new load) until the load has settled, at most warmupSeconds (Builtin generator only; not
+    for a trace). Fixed: every load run warms up for warmupSeconds."""
     measure_seconds: Annotated[Int, Field(ge=5, le=7200)] = 60
     """Measurement window of each load run, after the warm-up (the load runs warm-up plus this)."""
     readiness_timeout_seconds: Annotated[Int, Field(ge=10, le=7200)] = 900

@@ -23,7 +23,7 @@ from batchtune.api import (
     TrialRecord,
     WorkloadRecord,
 )
-from batchtune.api.models import BatchTuningSpec
+from batchtune.api.models import BatchTuningSpec, Generator
 from batchtune.controller import guidance
 from batchtune.controller.ports import Owned
 from batchtune.controller.prometheus import PrometheusUnavailable
@@ -51,6 +51,7 @@ from batchtune.core.search import Search
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import MIN_SAMPLES, SloTargets
 from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState, Verdict
+from batchtune.core.warmup import steady_warmup
 from batchtune.core.workload import bucket_text
 
 SAMPLES_FLOOR = 2 * MIN_SAMPLES
@@ -666,6 +667,8 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         trace_key=load.trace_config_map_ref.key if load.trace_config_map_ref else "trace.jsonl",
         duration_seconds=None if load.num_prompts else step.measure_seconds or spec.trial.measure_seconds,
         num_prompts=load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
+        steady_warmup=steady_warmup(spec.trial.warmup, load.generator is Generator.BUILTIN,
+                                    runs_on_pod(trial, step), trace),
         percentile=config.slo.percentile, seed=spec.strategy.seed + trial.index * 1000 + len(trial.steps),
         burstiness=measured.burstiness if measured is not None else 1.0,
         prompt_lengths=bucket_text(measured.prompt) if measured is not None else None,
@@ -685,6 +688,12 @@ def create_load_job(tick: Tick, target: Target, trial: TrialRecord, step: LoadSt
         job = build_load_job(tick.tuning.name, tick.tuning.uid, tick.tuning.namespace, trial.index, name,
                              image=load.image or operator_image, base_url=base_url, model=model, profile=profile)
     tick.ports.cluster.create(job)
+
+
+def runs_on_pod(trial: TrialRecord, step: LoadStepRecord) -> int:
+    """Load runs that already ended on the trial's pod before this step's next one: one per closed step, and
+    this step's finished repeats and lengthened runs."""
+    return sum(1 for s in trial.steps if s is not step and s.verdict is not None) + len(step.results) + step.lengthened
 
 
 def _summary(message: str | None) -> dict[str, Any] | None:

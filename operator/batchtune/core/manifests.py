@@ -210,6 +210,9 @@ class LoadProfile:
     """Measurement window after the warm-up."""
     num_prompts: int | None = None
     warmup_seconds: int = 30
+    steady_warmup: bool = False
+    """End the warm-up once the load has settled, at most at warmup_seconds (Builtin generator only:
+    core/warmup.py)."""
     percentile: int = 95
     burstiness: float = 1.0
     """Gamma shape of inter-arrival times (1: Poisson; below 1: burstier)."""
@@ -276,6 +279,8 @@ def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:
         args += ["--max-model-len", str(profile.max_model_len)]
     if profile.goodput_ms:
         args += ["--goodput", *(f"{key}:{ms}" for key, ms in profile.goodput_ms)]
+    if profile.steady_warmup:
+        args.append("--steady-warmup")
     host = urlsplit(base_url).hostname or ""
     if not host.startswith("127."):
         args.append("--allow-non-loopback")  # real clusters: pod IPs are not loopback
