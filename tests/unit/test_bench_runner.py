@@ -9,8 +9,9 @@ import pytest
 from batchtune.bench.runner import run_bench, run_scenario, summarize
 from batchtune.bench.scenarios import Scenario, SearchSpace
 from batchtune.bench.synthetic import SyntheticTruth
-from batchtune.bench.testbed import CostModel, SimTestbed
-from batchtune.bench.types import Knobs, Load, Slo
+from batchtune.bench.testbed import CostModel, SimTestbed, steady_warmup_seconds
+from batchtune.bench.types import Knobs, Load, Reading, Slo
+from batchtune.core.warmup import STEADY_MIN_S
 
 SMALL = Scenario(
     name="small", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=512, output_len=128,
@@ -30,11 +31,46 @@ def test_testbed_bills_startup_warmup_and_each_step_on_every_gpu() -> None:
     testbed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0))
     assert testbed.start(Knobs(64, 90)).ok
     testbed.run_load(Load("request_rate", 1.0))
-    testbed.run_load(Load("request_rate", 2.0))
+    second = testbed.run_load(Load("request_rate", 2.0))
     ledger = testbed.ledger
     assert (ledger.starts, ledger.load_steps) == (1, 2)
-    assert ledger.wall_seconds == pytest.approx(100 + 30 + 2 * 90)  # one warm-up per start
+    settled = steady_warmup_seconds(second, 30.0)
+    assert STEADY_MIN_S <= settled < 30.0
+    # Every step is a load Job with its warm-up: the first in full, the second on the warm server until it settled.
+    assert ledger.wall_seconds == pytest.approx(100 + 30 + 90 + settled + 90)
     assert ledger.gpu_seconds == pytest.approx(2 * ledger.wall_seconds)
+    fixed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0, steady_warmup=False))
+    assert fixed.start(Knobs(64, 90)).ok
+    fixed.run_load(Load("request_rate", 1.0))
+    fixed.run_load(Load("request_rate", 2.0))
+    assert fixed.ledger.wall_seconds == pytest.approx(100 + 2 * (30 + 90))
+    restarted = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0))
+    for _ in range(2):  # a new start is a cold server again
+        assert restarted.start(Knobs(64, 90)).ok
+        restarted.run_load(Load("request_rate", 1.0))
+    assert restarted.ledger.wall_seconds == pytest.approx(2 * (100 + 30 + 90))
+
+
+@pytest.mark.parametrize("load, metrics, failure, expected", [
+    pytest.param(Load("concurrency", 4), {"mean_e2el_ms": 840.0, "mean_ttft_ms": 60.0}, None, STEADY_MIN_S + 1,
+                 id="closed-loop-at-the-minimum"),
+    pytest.param(Load("concurrency", 64), {"mean_e2el_ms": 14_200.0, "mean_ttft_ms": 9000.0}, None, STEADY_MIN_S + 1,
+                 id="closed-loop-queue-wait-does-not-delay"),
+    pytest.param(Load("concurrency", 64), {"mean_e2el_ms": 24_000.0, "mean_ttft_ms": 1000.0}, None, 24.0,
+                 id="closed-loop-first-completion"),
+    pytest.param(Load("concurrency", 64), {"mean_e2el_ms": 44_000.0, "mean_ttft_ms": 1000.0}, None, 30.0,
+                 id="capped"),
+    pytest.param(Load("request_rate", 50.0), {"mean_e2el_ms": 900.0, "request_throughput": 49.0, "duration": 60.0},
+                 None, 10.0, id="open-loop-busy-little-noise"),
+    pytest.param(Load("request_rate", 5.0), {"mean_e2el_ms": 900.0, "request_throughput": 4.8, "duration": 60.0},
+                 None, 15.0, id="open-loop-quiet-noisier"),
+    pytest.param(Load("request_rate", 25.0), {"mean_e2el_ms": 8200.0, "request_throughput": 8.9, "duration": 60.0},
+                 None, 30.0, id="open-loop-above-capacity"),
+    pytest.param(Load("request_rate", 5.0), {"request_throughput": 4.8}, None, 30.0, id="no-latency"),
+    pytest.param(Load("concurrency", 4), {"mean_e2el_ms": 840.0}, "CUDA out of memory", 30.0, id="failed"),
+])  # fmt: skip
+def test_steady_warmup_seconds(load: Load, metrics: dict[str, float], failure: str | None, expected: float) -> None:
+    assert steady_warmup_seconds(Reading(load, metrics, failure), 30.0) == pytest.approx(expected)
 
 
 def test_failed_starts_cost_their_time_and_leave_no_server() -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from batchtune.bench.types import Knobs, Load, Reading, StartResult
+from batchtune.core.warmup import GROWTH_TOLERANCE, RATE_TOLERANCE, STEADY_CHECK_S, STEADY_MIN_S, STEADY_SPAN_CHECKS
 
 if TYPE_CHECKING:
     from batchtune.bench.scenarios import Scenario
@@ -32,7 +33,11 @@ class CostModel:
     """How long each step of a tuning run keeps the GPUs busy (seconds of wall time on every GPU)."""
 
     warmup_s: float = 30.0
-    """Warm-up load before the first measured step after a server start (operator trials)."""
+    """Warm-up load of every operator load step (`spec.trial.warmupSeconds`): the first after a server start pays it
+    in full, the later ones on the warm server the steady-state time (`steady_warmup_seconds`)."""
+    steady_warmup: bool = True
+    """Later steps end their warm-up at the steady-state test (`spec.trial.warmup: Steady`, the default); False:
+    every step pays `warmup_s` (`Fixed`)."""
     drain_s_cap: float = 120.0
     """A prompt-counted run (`vllm bench serve --num-prompts N`) ends when the last request finishes; cap the tail."""
 
@@ -96,13 +101,14 @@ class SimTestbed:
     def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = True,
                  seconds: float | None = None) -> Reading:
         """One load step on the running server. Operator-style steps (prompts=None) last the scenario's `measure_s`
-        (or `seconds`, a bracketing step's shorter window) after a one-off warm-up; prompt-counted steps last
-        until the N-th request completes. A shorter window simulates proportionally less time and is noisier
-        (run-to-run noise grows as 1/sqrt of the window)."""
+        (or `seconds`, a bracketing step's shorter window) after their warm-up (the first after a start the full
+        `warmup_s`, later ones the steady-state time); prompt-counted steps last until the N-th request completes.
+        A shorter window simulates proportionally less time and is noisier (run-to-run noise grows as 1/sqrt of
+        the window)."""
         if self._running is None:
             raise RuntimeError("run_load needs a started server; call start() first and check its result")
-        if prompts is None and warmup and not self._warm:
-            self._charge(self.cost.warmup_s)
+        warm = self._warm
+        if prompts is None and warmup:
             self._warm = True
         self._calls += 1
         seed = derive_seed(self.seed, self.scenario.name, self._calls)
@@ -114,6 +120,9 @@ class SimTestbed:
             noise=self.noise / math.sqrt(fraction), prompts=prompts,
         )
         self.ledger.load_steps += 1
+        if prompts is None and warmup:  # billed as the operator runs each step: a load Job of its own
+            self._charge(steady_warmup_seconds(reading, self.cost.warmup_s)
+                         if warm and self.cost.steady_warmup else self.cost.warmup_s)
         if prompts is None:
             seconds = full * fraction
         else:
@@ -124,6 +133,44 @@ class SimTestbed:
             self.ledger.runtime_failures += 1
             self._running = None
         return Reading(reading.load, reading.metrics, reading.failure, seconds)
+
+
+def steady_warmup_seconds(reading: Reading, warmup_s: float) -> float:
+    """How long the load generator's steady-state test (core/warmup.py) lets a step on a warm server warm up,
+    modelled from the step's own reading, at most `warmup_s`; docs/benchmarks.md compares it with the real test.
+
+    - A closed loop holds its streams from the start: it settles at the test's minimum (STEADY_MIN_S) or, when
+      requests take longer, at the first completion (about one service time, E2E latency less TTFT), then a check.
+    - An open loop fills its queue for about one E2E latency, then the test needs its two spans (STEADY_MIN_S);
+      Poisson arrivals make both spans noisy, so it passes a check with a probability `p` (the rate within
+      RATE_TOLERANCE, the queue within its growth allowance) and waits about 2 * (1 - p) / p checks more.
+    - An open loop that completed clearly fewer than (1 - GROWTH_TOLERANCE) of its arrivals keeps growing its
+      queue and never settles: the full `warmup_s`, as does a failed or unreadable step.
+    """
+    e2el_s = reading.get("mean_e2el_ms") / 1000.0
+    ttft_s = reading.get("mean_ttft_ms", 0.0) / 1000.0
+    if not reading.ok or not e2el_s >= 0:
+        return warmup_s
+    if reading.load.kind == "concurrency" or not math.isfinite(reading.load.value):
+        settles = max(STEADY_MIN_S, e2el_s - (ttft_s if ttft_s >= 0 else 0.0)) + STEADY_CHECK_S
+    else:
+        rate = reading.load.value
+        window_s = reading.get("duration", 60.0)
+        arrivals = rate * (window_s if window_s > 0 else 60.0)
+        completed = reading.get("request_throughput", 0.0) * (window_s if window_s > 0 else 60.0)
+        if not completed >= (1.0 - GROWTH_TOLERANCE) * arrivals - 2.0 * math.sqrt(arrivals):
+            return warmup_s
+        span_s = STEADY_SPAN_CHECKS * STEADY_CHECK_S
+        spread = math.sqrt(2.0 / (rate * (span_s + e2el_s)))  # of the two spans' rate difference, relative
+        in_flight = rate * e2el_s
+        p = (math.erf(RATE_TOLERANCE / spread / math.sqrt(2.0))
+             * _normal_cdf(max(1.0, GROWTH_TOLERANCE * 2 * span_s * rate) / math.sqrt(max(2.0 * in_flight, 1e-9))))
+        settles = e2el_s + STEADY_MIN_S + 2.0 * STEADY_CHECK_S * (1.0 - p) / max(p, 1e-3)
+    return min(warmup_s, math.ceil(settles / STEADY_CHECK_S) * STEADY_CHECK_S)
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
 def prompt_run_seconds(reading: Reading, prompts: int, drain_cap_s: float) -> float:

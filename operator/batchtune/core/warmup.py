@@ -5,7 +5,7 @@ compiled by an earlier run on the same pod), a new load step only has to wait fo
 the new load; the steady-state test ends the warm-up there, never later than the fixed time.
 
 The test is deliberately conservative. The load generator samples its own counters every
-`STEADY_CHECK_S` simulated seconds; at a check the load has settled when, comparing the last
+`STEADY_CHECK_S` simulated seconds from the start (where they are all 0); at a check the load has settled when, comparing the last
 `STEADY_SPAN_CHECKS` intervals with the `STEADY_SPAN_CHECKS` before them:
 - a request has completed, and in a closed loop every stream has issued its first request;
 - the output-token rate of the two spans differs by at most `RATE_TOLERANCE` of the larger (a ramp, the

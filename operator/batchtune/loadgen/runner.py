@@ -402,7 +402,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         # is up; settled, the window starts now and the hard stop moves with it (the window keeps its length).
         checking = spec.steady_warmup and not spec.trace and spec.warmup_s > 0
         streams = spec.concurrency if not math.isfinite(spec.request_rate) else None
-        samples: list[LoadSample] = []
+        samples = [LoadSample(at_s=0.0, issued=0, finished=0, in_flight=0, output_tokens=0)]  # the load's start
         next_check = started + STEADY_CHECK_S / spec.time_scale
         ended_by = WarmupEnd.TIME
         try:
