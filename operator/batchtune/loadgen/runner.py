@@ -6,7 +6,9 @@ request when the previous one ends; `request_rate=inf`) or open loop (gamma arri
 replayed as is (`trace`, its offsets scaled by `trace_speed_percent`). Lengths are fixed, spread,
 sampled from production's histograms, or the trace's (`loadgen.workload`). The run always has two
 bounds: `num_prompts` requests sent (warm-up included) and `duration_s`, a hard stop that cancels the
-requests still in flight.
+requests still in flight. With `steady_warmup` the warm-up ends at the first check where the load has
+settled (`core.warmup.settled`), at most at `warmup_s`, and the hard stop moves with it: the measure window
+keeps its length `duration_s - warmup_s`.
 
 Time inputs and outputs are in simulated seconds: with `time_scale` X (the twin runs X times
 faster than a real GPU) a 120 s window lasts 12 wall seconds, a 5 req/s rate sends 50 per wall
