@@ -110,8 +110,8 @@ def test_a_scenario_run_is_deterministic_for_a_seed() -> None:
 def test_every_strategy_is_judged_against_an_oracle_at_least_as_good() -> None:
     result = run_scenario(SMALL, SyntheticTruth(), seed=2, noise=0.03)
     names = [r.strategy for r in result.runs]
-    assert names == ["twin_guided", "adaptive", "bayesian", "sim_only", "auto_tune", "doubling", "hill_climb",
-                     "optuna_tpe"]
+    assert names == ["twin_guided", "adaptive", "adaptive_full_windows", "bayesian", "sim_only", "auto_tune",
+                     "doubling", "hill_climb", "optuna_tpe"]
     for run in result.runs:
         assert 0.0 <= run.regret <= 1.0
         assert run.objective <= result.oracle_objective * (1 + 1e-9)
