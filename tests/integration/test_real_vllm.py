@@ -206,7 +206,8 @@ class TestOneRealServer:
             after = scrape(ip)
             requests = counter(after, "vllm:request_success") - counter(before, "vllm:request_success")
             tokens = counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens")
-            assert summary["completed"] == prompts and summary.get("failed", 0) == 0, summary
+            assert summary["completed"] == prompts and summary.get("failed", 0) == 0, (
+                summary.get("errors_sample"), summary)
             # The server's own view of the same requests: its mean end-to-end time per request.
             e2e = histogram_sum(after, "vllm:e2e_request_latency_seconds") - histogram_sum(
                 before, "vllm:e2e_request_latency_seconds")

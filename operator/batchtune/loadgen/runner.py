@@ -318,7 +318,9 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
     url = base + spec.endpoint
     chat = spec.endpoint == CHAT_ENDPOINT
     rng = random.Random(spec.seed)
-    connector = aiohttp.TCPConnector(limit=0)
+    # A connection per request: reusing a kept-alive one races uvicorn's keep-alive close (vLLM's server), and
+    # the request fails with "Server disconnected" / "Can not write request body" (aiohttp#6138, uvicorn#824).
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = spec.model or await first_model(session, base, spec.ready_timeout_s)
