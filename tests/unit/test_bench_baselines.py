@@ -40,7 +40,7 @@ class AutoTuneTruth:
             return StartResult(False, 20.0, "Free memory on device cuda:0 is less than desired")
         return StartResult(True, 60.0)
 
-    def measure(self, scenario, knobs, load: Load, *, duration_s, seed, noise, prompts=None) -> Reading:
+    def measure(self, scenario, knobs, load: Load, *, duration_s, seed, noise, prompts=None, warmup_s=None) -> Reading:
         self.loads.append((load.value, prompts))
         if math.isinf(load.value):
             e2el = 1000.0 if self.inf_passes else 5000.0

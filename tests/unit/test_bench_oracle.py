@@ -64,7 +64,7 @@ class GridTruth:
             return StartResult(False, 10.0, "No available memory for the cache blocks.")
         return StartResult(True, 60.0)
 
-    def measure(self, scenario, knobs, load, *, duration_s, seed, noise, prompts=None) -> Reading:
+    def measure(self, scenario, knobs, load, *, duration_s, seed, noise, prompts=None, warmup_s=None) -> Reading:
         if knobs.gpu_memory_utilization_pct >= 98:
             return Reading(load, failure="torch.OutOfMemoryError: CUDA out of memory.")
         cap = self.capacity(knobs)

@@ -38,7 +38,7 @@ class SyntheticTruth:
 
     def measure(
         self, scenario: object, knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
-        prompts: int | None = None,
+        prompts: int | None = None, warmup_s: float | None = None,
     ) -> Reading:
         if load.kind == "request_rate" and math.isinf(load.value):
             load = Load("concurrency", float(prompts or 1000))  # everything at once: a full closed loop

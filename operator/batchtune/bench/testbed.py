@@ -21,10 +21,11 @@ class GroundTruth(Protocol):
 
     def measure(
         self, scenario: Scenario, knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
-        prompts: int | None = None,
+        prompts: int | None = None, warmup_s: float | None = None,
     ) -> Reading:
         """One load step: a `duration_s` measured window, or with `prompts` a whole `vllm bench serve
-        --num-prompts N` run (metrics `duration`, `completed` as the bench reports them)."""
+        --num-prompts N` run (metrics `duration`, `completed` as the bench reports them). `warmup_s`: the load
+        before the window (None: the truth's own default)."""
         ...
 
 
@@ -115,9 +116,12 @@ class SimTestbed:
         full = self.scenario.measure_s
         short = prompts is None and seconds is not None and 0 < seconds < full
         fraction = seconds / full if short and seconds is not None else 1.0
+        # The load before the window is what an operator step gets: up to spec.trial.warmupSeconds, or until the
+        # steady-state test passes, which by its definition leaves the queue settled either way.
         reading = self.truth.measure(
             self.scenario, self._running, load, duration_s=self.scenario.window_s * fraction, seed=seed,
             noise=self.noise / math.sqrt(fraction), prompts=prompts,
+            warmup_s=self.cost.warmup_s if prompts is None and warmup else None,
         )
         self.ledger.load_steps += 1
         if prompts is None and warmup:  # billed as the operator runs each step: a load Job of its own

@@ -86,16 +86,18 @@ class TwinTruth:
 
     def measure(
         self, scenario: Scenario, knobs: Knobs, load: Load, *, duration_s: float, seed: int, noise: float,
-        prompts: int | None = None,
+        prompts: int | None = None, warmup_s: float | None = None,
     ) -> Reading:
         from batchtune.twin.predict import Workload, predict
 
         cfg = self.config(scenario, knobs)
         conc = int(load.value) if load.kind == "concurrency" else None
         rate = load.value if load.kind == "request_rate" else None
-        # An operator step warms up for spec.trial.warmupSeconds whatever its window: an open loop's warm-up is
-        # the full window's (the twin's default scales with the window, which would leave a short one in the ramp).
-        warmup = min(0.1 * scenario.window_s, 10.0) if rate is not None and prompts is None else None
+        # An open loop's default warm-up is the full window's whatever this window (the twin's own scales with the
+        # window, which would leave a short one in the ramp); a closed loop's is one turnover of its streams.
+        warmup = None
+        if rate is not None and prompts is None:
+            warmup = warmup_s if warmup_s is not None else min(0.1 * scenario.window_s, 10.0)
         workload = Workload(
             scenario.input_len, scenario.output_len, concurrency=conc, request_rate=rate,
             length_dist=scenario.length_dist, num_prompts=prompts, warmup_s=warmup,

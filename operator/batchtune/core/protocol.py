@@ -382,13 +382,22 @@ def _extrapolate(step: StepResult, low: float, high: float) -> int:
     return max(1, int(step.load * min(high, max(low, factor))))
 
 
+FAR_PAST_THE_LIMIT = -1.0
+"""A fail whose latency is over twice its limit: queueing past the capacity, whose margin says little of where."""
+
+
 def _interpolate(low: StepResult, high: StepResult) -> int:
     # Linear root of the margin between the bracketing loads; margins shrink as load grows. A fail
     # whose margin is no lower (it failed on errors or samples) says nothing: low.load, the caller bisects.
+    # Past the capacity latency explodes: a fail far past its limit would pin the root next to the pass
+    # (the search then creeps up a little per step), so the bracket is halved geometrically at least.
     span = _margin(low) - _margin(high)
     if span <= 0:
         return low.load
-    return int(low.load + _margin(low) / span * (high.load - low.load))
+    linear = int(low.load + _margin(low) / span * (high.load - low.load))
+    if _margin(high) < FAR_PAST_THE_LIMIT:
+        return max(linear, int(math.sqrt(low.load * high.load)))
+    return linear
 
 
 def _clamp(load: int, bounds: SearchBounds) -> int:
