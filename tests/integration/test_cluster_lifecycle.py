@@ -21,7 +21,8 @@ HACK = Path(__file__).resolve().parents[2] / "hack" / "localcluster"
 
 
 def _hack(command: str, state_dir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BATCHTUNE_CLUSTER_DIR": str(state_dir)}
+    # Lane 0 takes BATCHTUNE_CLUSTER_DIR as it is (other lanes would suffix it).
+    env = {**os.environ, "BATCHTUNE_CLUSTER_DIR": str(state_dir), "BATCHTUNE_LANE": "0"}
     return subprocess.run([str(HACK / command), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -29,7 +30,7 @@ def _hack(command: str, state_dir: Path, *args: str, timeout: float = 120) -> su
 def second_cluster(tmp_path: Path, cluster: lc.ClusterInfo):
     """A second cluster started through hack/localcluster/up; stopped even if the test fails."""
     state = tmp_path / "cluster"
-    started = _hack("up", state, "--nodes", "1", "--gpus-per-node", "2", "--pod-network", "127.77.0.0/16")
+    started = _hack("up", state, "--nodes", "1", "--gpus-per-node", "2", "--pod-network", lc.lanes.scratch_network())
     assert started.returncode == 0, started.stderr
     yield state
     _hack("down", state)

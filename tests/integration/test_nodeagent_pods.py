@@ -24,10 +24,12 @@ from typing import Any
 
 import pytest
 
+import batchtune_local as lc
+
 pytestmark = pytest.mark.integration
 
 POOL_LABEL = "batchtune.io/nodeagent-test"
-POOL_NETWORK = "127.77.0.0/16"
+POOL_NETWORK = lc.lanes.scratch_network()
 SERVER = (
     "import http.server, os\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -168,7 +170,7 @@ def test_deployment_pod_runs_ready_answers_on_its_ip_and_deletion_ends_it(pool, 
 
     pod = wait_for(ready_pod, timeout=60, what="a Running, Ready pod of Deployment web")
     ip = pod.status.pod_ip
-    assert ip.startswith("127.77.") and pod.status.host_ip == "127.0.0.1"
+    assert ip.startswith(POOL_NETWORK.rsplit(".", 2)[0] + ".") and pod.status.host_ip == "127.0.0.1"
     assert pod.spec.node_name in pool.nodes
     body = urllib.request.urlopen(f"http://{ip}:8080/", timeout=5).read().decode()
     assert body.split()[0] == pod.metadata.name and body.split()[1].isdigit()

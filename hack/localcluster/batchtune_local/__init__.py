@@ -8,12 +8,14 @@ Public API (also driven by `hack/localcluster/{up,down,status}` via `python -m b
 - `attach(config)` / `detach(state_dir)`: `up`/`down` shared between concurrent test sessions.
 - `make_kubeconfig(info, user, groups=()) -> Path`: a kubeconfig for any identity (client certificate).
 - `wait_for(predicate, timeout, interval)`: the polling helper used by `up` and the tests.
+- `lanes`: which state directories and pod networks this test session or xdist worker owns.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from batchtune_local import lanes
 from batchtune_local.binaries import MissingBinaries, binaries, require_binaries
 from batchtune_local.cluster import (
     ClusterConfig,
@@ -48,6 +50,6 @@ def make_kubeconfig(info: ClusterInfo, user: str, groups: tuple[str, ...] = (), 
 
 __all__ = [
     "ClusterConfig", "ClusterError", "ClusterInfo", "ClusterInUse", "ComponentHealth", "MissingBinaries", "Timeout",
-    "attach", "binaries", "check", "default_state_dir", "detach", "down", "is_healthy", "load",
+    "attach", "binaries", "check", "lanes", "default_state_dir", "detach", "down", "is_healthy", "load",
     "make_kubeconfig", "require_binaries", "up", "wait_for",
 ]

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from batchtune_local import health, pki, processes, prometheus
+from batchtune_local import health, lanes, pki, processes, prometheus
 from batchtune_local.binaries import Binaries, require_binaries
 from batchtune_local.processes import Managed
 
@@ -39,7 +39,8 @@ DEFAULT_POD_NETWORK = "127.1.0.0/16"
 
 
 def default_state_dir() -> Path:
-    return Path(os.environ.get("BATCHTUNE_CLUSTER_DIR", Path.home() / ".cache" / "batchtune" / "cluster"))
+    """This lane's twin cluster (batchtune_local.lanes): ~/.cache/batchtune/cluster in lane 0."""
+    return lanes.cluster_dir()
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class ClusterConfig:
     scrape_interval_s: float = 2.0
     node_agent: bool = True
     """Start the node agent (only if the `batchtune_local.nodeagent` module exists)."""
-    pod_network: str | None = None
-    """Loopback CIDR for pod IPs (node agent default 127.1.0.0/16); give a second cluster another one."""
+    pod_network: str | None = field(default_factory=lambda: lanes.pod_network())
+    """Loopback CIDR for pod IPs (node agent default 127.1.0.0/16, another per lane); a second cluster needs another."""
     image_map: Path | None = field(default_factory=lambda: DEFAULT_IMAGE_MAP if DEFAULT_IMAGE_MAP.exists() else None)
     """Node agent image -> command rules; the default lets tests run any command as image batchtune.test/*."""
     node_agent_args: tuple[str, ...] = ()
