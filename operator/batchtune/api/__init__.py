@@ -77,7 +77,6 @@ from batchtune.api.models import (
     SecretKeyRef,
     Setting,
     SloSpec,
-    StepPurpose,
     StrategySpec,
     StrategyType,
     TargetRef,
@@ -91,7 +90,7 @@ from batchtune.api.models import (
     camel,
 )
 from batchtune.core.verify import InconclusivePolicy
-from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import ConditionType, Phase, Reason, StepPurpose, TrialState, Verdict
 
 __all__ = [
     "API_GROUP", "API_VERSION", "API_VERSION_FULL", "KIND", "PLURAL", "MISSING",

@@ -17,7 +17,6 @@ from batchtune.controller import telemetry
 from batchtune.controller.ports import Conflict
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick, iso
-from batchtune.controller.trials import target_changed
 from batchtune.core import verify as verifying
 from batchtune.core.production import (
     ANNOTATION_APPLIED,
@@ -45,14 +44,13 @@ def _args(record: ArgsRecord | None) -> ContainerArgs | None:
 
 
 def policy(tick: Tick) -> VerifyPolicy:
-    assert tick.spec is not None
     a = tick.spec.apply
     return VerifyPolicy(a.verify_seconds, a.verify_timeout_seconds, a.verify_min_requests, a.max_regression_percent,
                         a.on_inconclusive_verify)
 
 
 def apply(tick: Tick) -> None:
-    assert tick.spec is not None and tick.status.recommendation is not None
+    assert tick.status.recommendation is not None
     target = tick.target()
     if target is None:
         return
@@ -62,10 +60,10 @@ def apply(tick: Tick) -> None:
         resume_from_mark(tick, target, mark)  # patched before a crash took the status write
         return
     if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
-        target_changed(tick, target)
+        tick.target_changed(target)
         return
     setting = tick.status.recommendation.setting.core()
-    desired = production_args(target.engine, target.container, setting, tuple(tick.spec.search_space.extra_args or ()))
+    desired = production_args(target.engine, target.container, setting, tick.view.spec.extra_args)
     current = ContainerArgs.of(target.container)
     if current == desired:
         tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
@@ -133,7 +131,6 @@ def resume_from_mark(tick: Tick, target: Target, mark: AppliedMark) -> None:
 
 
 def verify(tick: Tick) -> None:
-    assert tick.spec is not None
     applied = tick.status.applied
     target = tick.target(applied.target if applied and applied.target else None)
     if target is None or applied is None or applied.applied_at is None:
@@ -183,7 +180,7 @@ def verify(tick: Tick) -> None:
     if state is Next.INCONCLUSIVE:
         inconclusive(tick, target, mark, requests)
         return
-    result = verifying.judge(tick.slo(), rules.max_regression_percent, applied.before or {}, after)
+    result = verifying.judge(tick.view.slo, rules.max_regression_percent, applied.before or {}, after)
     if result.verdict is Verdict.UNKNOWN:
         if tick.now >= start + timedelta(seconds=rules.timeout_seconds):
             inconclusive(tick, target, mark, requests, result.reason)

@@ -43,19 +43,6 @@ class SearchSpace:
         if not self.gpu_memory_utilization_percent:
             raise ValueError("searchSpace.gpuMemoryUtilizationPercent is empty")
 
-    @classmethod
-    def from_spec(cls, space: Any) -> SearchSpace:
-        """From the api model's `spec.search_space` (attribute access, snake_case)."""
-        seqs = space.max_num_seqs
-        values = getattr(seqs, "values", None)
-        if values:
-            seq_values = tuple(values)
-        else:
-            seq_values = doublings(int(seqs.min), int(seqs.max))
-        gmu = getattr(space, "gpu_memory_utilization_percent", None) or (90,)
-        mbt = getattr(space, "max_num_batched_tokens", None) or ()
-        return cls(seq_values, tuple(gmu), tuple(mbt))
-
 
 @dataclass(frozen=True)
 class EngineLimits:
