@@ -19,11 +19,11 @@ from batchtune.controller import status as status_io
 from batchtune.controller import telemetry
 from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
 from batchtune.controller.prometheus import Production, PrometheusUnavailable, sanitize
-from batchtune.core.tuning import View, view_of
 from batchtune.core.gitops import gitops_manager
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
+from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import build_profile
 from batchtune.engines import ENGINES, ArgsError, Engine, UnsafeShell, find_engine_container
