@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from batchtune.controller.ports import Conflict, Install, JobRun, NotAllowed, Owned, Ports
-from batchtune.controller.prometheus import Production, PrometheusUnavailable
 from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.tick import PROMETHEUS_BACKOFF, Tuning
 from batchtune.core.manifests import LABEL_COMPONENT, LABEL_TRIAL, LABEL_TUNING, label_value
@@ -27,6 +26,7 @@ from batchtune.core.measurement import Window
 from batchtune.core.vocabulary import M
 from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import ENGINES
+from batchtune.prometheus import Production, PrometheusUnavailable
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 NS = "inference"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from batchtune.bench.evaluate import slo_targets
 from batchtune.bench.scenarios import SCENARIOS, Scenario, SearchSpace, get_scenarios
-from batchtune.bench.strategies.ours import slo_targets
 from batchtune.bench.types import Knobs, Load, Slo
 
 

@@ -15,6 +15,7 @@ from batchtune.core.objective import Objective, objective_value
 from batchtune.core.planning import SearchSpace
 from batchtune.core.protocol import Conclusion, CurveLoad, ProtocolConfig, RunResult, production_peak_curve_load
 from batchtune.core.settings import Setting
+from batchtune.core.slo import SloTargets
 from batchtune.core.trial_loop import Run, RunFailure, TrialPlan, run_trial, search_results
 from batchtune.core.tuning import (
     DEFAULT_SCRAPE_INTERVAL_SECONDS,
@@ -142,6 +143,65 @@ def _memory_failure(evaluation: Evaluation) -> bool:
     return evaluation.failure is not None and "memory" in evaluation.failure.lower()
 
 
+# ---- a scenario in the operator's terms ---------------------------------------------------------
+
+_PERCENTILES = (50, 90, 95, 99)
+
+
+def slo_targets(scenario: Scenario, headroom_pct: int) -> SloTargets:
+    """The scenario's SLO as the core's targets. One percentile per scenario (the CRD has one)."""
+    fields: dict[str, int] = {}
+    percentiles = set()
+    names = {"ttft": "ttft_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+    for key, limit in scenario.slo.limits.items():
+        pct, metric, _ = key.split("_")  # p95_ttft_ms
+        percentiles.add(int(pct.removeprefix("p")))
+        if metric not in names:
+            raise ValueError(f"scenario {scenario.name}: SLO key {key!r} has no core target (ttft, itl, e2el)")
+        fields[names[metric]] = int(limit)
+    if len(percentiles) != 1 or next(iter(percentiles)) not in _PERCENTILES:
+        raise ValueError(f"scenario {scenario.name}: SLO keys {list(scenario.slo.limits)} mix percentiles")
+    return SloTargets(percentile=percentiles.pop(), headroom_percent=headroom_pct, **fields)
+
+
+def status_metrics(reading: Reading | None, scenario: Scenario, percentile: int) -> dict[str, float]:
+    """A reading in the status metric names the core reads (camelCase, latencies at the SLO percentile)."""
+    if reading is None or not reading.ok:
+        return {}
+    m = reading.metrics
+    p = f"p{percentile}"
+    out: dict[str, float | None] = {
+        M.TTFT_MS: m.get(f"{p}_ttft_ms"),
+        M.ITL_MS: m.get(f"{p}_itl_ms"),
+        M.E2E_MS: m.get(f"{p}_e2el_ms"),
+        M.TTFT_MEAN_MS: m.get("mean_ttft_ms"),
+        M.ITL_MEAN_MS: m.get("mean_itl_ms"),
+        M.OUTPUT_THROUGHPUT: m.get("output_throughput"),
+        M.REQUEST_THROUGHPUT: m.get("request_throughput"),
+        M.KV_CACHE_USAGE_PERCENT: m.get("kv_cache_usage_pct"),
+        M.PREEMPTIONS_PER_SECOND: m.get("preemptions_per_s"),
+        M.GPU_UTIL_PERCENT: m.get("gpu_util_pct"),
+        M.SM_ACTIVE_PERCENT: m.get("sm_active_pct"),
+        M.POWER_WATTS: m.get("power_w"),
+        M.RUNNING_REQUESTS: m.get("mean_running_requests"),  # vllm:num_requests_running, averaged
+        M.KV_POOL_TOKENS: m.get("kv_cache_tokens"),  # vllm:cache_config_info blocks x block size
+    }
+    running = m.get("max_concurrent_requests")
+    if reading.load.kind == "concurrency" and running is not None:
+        # A closed loop keeps its users' requests outstanding: those beyond the running batch wait.
+        out[M.WAITING_REQUESTS] = max(0.0, reading.load.value - running)
+    completed, failed = m.get("completed"), m.get("failed")
+    if completed is not None and scenario.window_s > 0:
+        # Requests behind the percentiles, as the load generator counts them, over the billed window (the quick
+        # suite simulates a shorter one): too few and the operator runs the load again for longer.
+        out[M.SAMPLES] = completed * scenario.measure_s / scenario.window_s
+    if completed is not None and failed is not None and completed + failed > 0:
+        out[M.ERROR_RATE_PERCENT] = 100.0 * failed / (completed + failed)
+    else:
+        out[M.ERROR_RATE_PERCENT] = 0.0
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class TrialProtocol:
     """How an operator-style trial measures a setting: the BatchTuning a user would write for the scenario (the
@@ -161,8 +221,6 @@ class TrialProtocol:
 
     def spec(self, scenario: Scenario, strategy: str = "Adaptive", max_trials: int = 12) -> TuningSpec:
         """The scenario's BatchTuning spec, in core types."""
-        from batchtune.bench.strategies.ours import slo_targets
-
         capacity = scenario.objective == "capacity"
         open_loop = scenario.load_kind == "request_rate" if capacity else bool(
             scenario.load and scenario.load.kind == "request_rate")
@@ -238,8 +296,6 @@ class TestbedWorld:
     readings: list[tuple[Run, Reading]] = field(default_factory=list)
 
     def run(self, run: Run) -> RunResult | RunFailure:
-        from batchtune.bench.strategies.ours import status_metrics
-
         curve = self.plan.curve if run.purpose is StepPurpose.CURVE else None
         open_loop = curve.open_loop if curve is not None else self.plan.config.open_loop
         reading = self.testbed.run_load(_from_int_load(open_loop, run.load), seconds=run.seconds)

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from batchtune.cli.terminal import markup, safe, text
+from batchtune.terminal import markup, safe, text
 
 if TYPE_CHECKING:
     from batchtune.core import EngineLimits, Setting

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from batchtune.cli.terminal import safe
+from batchtune.terminal import safe
 
 if TYPE_CHECKING:
 

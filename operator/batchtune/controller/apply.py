@@ -15,7 +15,6 @@ from batchtune.api import AppliedRecord
 from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import telemetry
 from batchtune.controller.ports import Conflict
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick, iso
 from batchtune.core import verify as verifying
 from batchtune.core.production import (
@@ -33,6 +32,7 @@ from batchtune.core.production import (
 from batchtune.core.recommend import ContainerArgs, production_args
 from batchtune.core.verify import Next, VerifyPolicy
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, Verdict
+from batchtune.prometheus import PrometheusUnavailable
 
 
 def _record(args: ContainerArgs) -> ArgsRecord:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from batchtune.api import ContainerArgs, Knee, Recommendation, Setting, TrialRecord
 from batchtune.controller import records, telemetry
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gitops import gitops_manager
 from batchtune.core.objective import Objective
@@ -14,6 +13,7 @@ from batchtune.core.retune import RoundVerdict, judge_round
 from batchtune.core.selection import OBJECTIVE_WORDS, CompletedTrial, Selection, select_best
 from batchtune.core.slo import evaluate_slo
 from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState, Verdict
+from batchtune.prometheus import PrometheusUnavailable
 
 
 def submit_report(tick: Tick) -> None:

@@ -15,7 +15,6 @@ from batchtune.api import (
 from batchtune.controller import records
 from batchtune.controller import tick as tick_
 from batchtune.controller.ports import MetricsReader
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
 from batchtune.core.measurement import window_too_short
@@ -25,6 +24,7 @@ from batchtune.core.production import fingerprint
 from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
 from batchtune.engines import ArgsError
+from batchtune.prometheus import PrometheusUnavailable
 
 MAX_PRUNED_IN_STATUS = 200
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from batchtune.controller.prometheus import Production
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext
 from batchtune.core.tuning import DEFAULT_SCRAPE_INTERVAL_SECONDS
 from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import Engine
+from batchtune.prometheus import Production
 
 
 class Conflict(Exception):

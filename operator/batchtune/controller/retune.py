@@ -17,12 +17,12 @@ from typing import Any
 
 from batchtune.api import RetuneRecord, RoundRecord
 from batchtune.controller import status as status_io
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.retune import MAX_ROUNDS_IN_STATUS, RetunePolicy, Trigger
 from batchtune.core.vocabulary import ConditionType, Phase, Reason
 from batchtune.core.workload import drift, drift_trigger
 from batchtune.engines import ENGINES, ArgsError, find_engine_container
+from batchtune.prometheus import PrometheusUnavailable
 
 WATCHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.RECOMMENDED})
 """A round is started only from a decision that stands; RolledBack and Failed wait for a person (a new spec)."""

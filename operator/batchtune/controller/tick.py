@@ -18,7 +18,6 @@ from batchtune.api import BatchTuningSpec, BatchTuningStatus, TrialRecord, Workl
 from batchtune.controller import status as status_io
 from batchtune.controller import telemetry
 from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
-from batchtune.controller.prometheus import Production, PrometheusUnavailable, sanitize
 from batchtune.core.gitops import gitops_manager
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.policy import prometheus_url_problem
@@ -27,6 +26,7 @@ from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import build_profile
 from batchtune.engines import ENGINES, ArgsError, Engine, UnsafeShell, find_engine_container
+from batchtune.prometheus import Production, PrometheusUnavailable, sanitize
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 

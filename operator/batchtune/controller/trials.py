@@ -18,7 +18,6 @@ from typing import Any
 from batchtune.api import LoadStepRecord, Setting, TrialPrediction, TrialRecord
 from batchtune.controller import guidance, records
 from batchtune.controller.ports import Owned
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import measurement, trial_loop
 from batchtune.core.gpus import container_gpus, eligible_nodes, node_usage, trials_that_fit
@@ -38,6 +37,7 @@ from batchtune.core.protocol import RunResult
 from batchtune.core.search import Search
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, StepPurpose, TrialState, Verdict
+from batchtune.prometheus import PrometheusUnavailable
 
 # A load run whose data never shows up is run again this many times, then the trial is Failed.
 MAX_MEASURE_ATTEMPTS = 3
