@@ -7,7 +7,7 @@ import json
 import pytest
 
 from batchtune.bench.runner import run_bench, run_scenario, summarize
-from batchtune.bench.scenarios import Scenario, SearchSpace
+from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.synthetic import SyntheticTruth
 from batchtune.bench.testbed import CostModel, SimTestbed, steady_warmup_seconds
 from batchtune.bench.types import Knobs, Load, Reading, Slo
@@ -16,8 +16,8 @@ from batchtune.core.warmup import STEADY_MIN_S
 SMALL = Scenario(
     name="small", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=512, output_len=128,
     slo=Slo({"p95_ttft_ms": 500.0, "p95_itl_ms": 30.0}),
-    tuner_space=SearchSpace((8, 32, 128, 512), (90, 95, 98)),
-    oracle_space=SearchSpace((8, 16, 32, 64, 128, 256, 512), (88, 90, 92, 95, 97, 98)),
+    tuner_space=KnobGrid((8, 32, 128, 512), (90, 95, 98)),
+    oracle_space=KnobGrid((8, 16, 32, 64, 128, 256, 512), (88, 90, 92, 95, 97, 98)),
     sim_window_s=15.0,  # billed as 60 s; TwinGuided's calibrations simulate every step measured, keep them short
 )
 TP2 = Scenario(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from batchtune.core.warmup import STEADY_MIN_S
-from batchtune.loadgen import LoadSpec, compact_summary, run_load
+from batchtune.loadgen import LoadRun, compact_summary, run_load
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.engine import Engine
 from batchtune.twin.server import ServerOptions, TwinServer
@@ -29,7 +29,7 @@ def _runs(*loads: dict[str, Any]) -> list[dict[str, Any]]:
         try:
             results = []
             for seed, load in enumerate(loads):  # other prompts each run: no prefix-cache hits from the last
-                spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=256, output_len=64,
+                spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=256, output_len=64,
                                 num_prompts=10**6, warmup_s=WARMUP_S, duration_s=WARMUP_S + MEASURE_S,
                                 time_scale=SCALE, seed=seed, **load)
                 results.append(await run_load(spec))

@@ -10,7 +10,7 @@ import pytest
 
 from batchtune.cli import main
 from batchtune.core.workload import LengthDistribution, burstiness_from_counts, counts_to_cumulative
-from batchtune.loadgen import LoadSpec, run_load
+from batchtune.loadgen import LoadRun, run_load
 from batchtune.loadgen.workload import (
     LengthSampler,
     TraceError,
@@ -132,7 +132,7 @@ def _against_the_twin(spec_kwargs: dict) -> dict:
         await server.start()
         server.mark_ready()
         try:
-            return await run_load(LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", time_scale=50,
+            return await run_load(LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", time_scale=50,
                                            **spec_kwargs))
         finally:
             await server.stop()

@@ -16,7 +16,7 @@ import pytest
 from fake_world import fresh_backoff, knee_model, world  # noqa: F401  (fixture)
 
 from batchtune.bench.evaluate import TrialProtocol, TrialResult, operator_trial
-from batchtune.bench.scenarios import Scenario, SearchSpace
+from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.testbed import SimTestbed
 from batchtune.bench.types import Knobs, Load, Reading, Slo, StartResult
 from batchtune.core.vocabulary import M
@@ -104,7 +104,7 @@ def assert_same(w: Any, scenario: Scenario, truth: ModelTruth) -> list[TrialResu
 
 BASE = {"model": "Llama-3.1-8B", "gpu": "H100", "input_len": 512, "output_len": 128,
         "slo": Slo({"p95_ttft_ms": 2000.0, "p95_itl_ms": 60.0}),
-        "tuner_space": SearchSpace(SEQS, (90,))}
+        "tuner_space": KnobGrid(SEQS, (90,))}
 
 
 def test_closed_loop_with_short_bracketing_steps_runs_the_same_steps(fresh_backoff) -> None:  # noqa: F811

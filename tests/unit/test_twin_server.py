@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchtune.gpu_activity import read_activity
-from batchtune.loadgen import LoadSpec, run_load
+from batchtune.loadgen import LoadRun, run_load
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.engine import Engine
 from batchtune.twin.server import ServerOptions, TwinServer
@@ -197,7 +197,7 @@ def test_activity_reports_busy_fraction_and_idle_power():
 def test_loadgen_against_twin_serve(tmp_path):
     async def go():
         async with serving(time_scale=20.0) as (server, _s):
-            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=200, output_len=32,
+            spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=200, output_len=32,
                             concurrency=8, num_prompts=40, duration_s=120.0, time_scale=20.0)  # fmt: skip
             return await run_load(spec)
 
@@ -278,7 +278,7 @@ def test_server_and_model_agree():
         await server.start()
         server.mark_ready()
         try:
-            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=input_len,
+            spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=input_len,
                             output_len=output_len, concurrency=concurrency, num_prompts=10**6, duration_s=duration,
                             warmup_s=0.2 * duration, time_scale=time_scale)  # fmt: skip
             return await run_load(spec)

@@ -84,7 +84,7 @@ def parse_goodput(item: str) -> tuple[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from batchtune.core.workload import parse_bucket_text
-    from batchtune.loadgen import LoadSpec
+    from batchtune.loadgen import LoadRun
     from batchtune.loadgen.workload import read_trace
 
     if args.summarize_result:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag}: the histogram holds no request")
         trace = tuple(read_trace(args.trace)) if args.trace else ()
         goodput = tuple(parse_goodput(item) for item in args.goodput or ())
-        spec = LoadSpec(
+        spec = LoadRun(
             base_url=args.base_url,
             endpoint=args.endpoint,
             model=args.model,

@@ -1,4 +1,4 @@
-"""TwinGuided in the operator: the calibrated twin's advice for the current history, computed off the reconcile path.
+"""TwinGuided in the operator: when to ask for the twin's advice (off the reconcile path) and its record in status.
 
 A tick with strategy TwinGuided needs the advice for the trials finished so far (`core.guidance.advice_basis`).
 If `status.twin` already holds it, the strategy is rebuilt from status alone. Otherwise the tick hands the

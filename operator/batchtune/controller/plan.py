@@ -1,4 +1,4 @@
-"""Pending/Planning: read production, check the spec against the install, plan the candidates."""
+"""The Pending/Planning phase (I/O): read production, check the spec against the install, plan (core/planning.py)."""
 
 from __future__ import annotations
 

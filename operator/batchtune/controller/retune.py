@@ -1,4 +1,4 @@
-"""Continuous tuning (spec.retune): the rounds, and the watch between them.
+"""Continuous tuning in the operator (I/O): its rounds in status, the watch between them (decisions: core/retune.py).
 
 A BatchTuning with `spec.retune` records its rounds in `status.rounds` (the first is round 1,
 `Initial`). Once a round has decided (Succeeded or Recommended), each tick looks at the watch: when

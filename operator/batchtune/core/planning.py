@@ -1,4 +1,4 @@
-"""Planning: the candidate settings of a search space, less what the engine or GPU memory rules out."""
+"""The candidates of a search space less what the engine or memory rules out (pure; controller/plan.py calls it)."""
 
 from __future__ import annotations
 

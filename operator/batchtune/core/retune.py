@@ -1,4 +1,4 @@
-"""Continuous tuning: when a new round starts, and whether its best setting replaces production's. Pure.
+"""Continuous tuning's decisions (pure): when a round starts, whether its best wins (controller/retune.py runs them).
 
 After a decision a BatchTuning with `spec.retune` keeps watching production. A new round starts when
 the schedule fires (`intervalSeconds` after the last round ended) or when production's workload

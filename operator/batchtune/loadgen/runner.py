@@ -38,8 +38,8 @@ from batchtune.loadgen.prompts import FILLER_WORDS, Prompts
 from batchtune.loadgen.stats import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
+    ClientWindow,
     RequestRecord,
-    Window,
     compute_result,
 )
 from batchtune.loadgen.workload import LengthSampler, TraceRequest, arrival_gap
@@ -52,8 +52,9 @@ class TargetRefused(ValueError):
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    """What load to send, where, and for how long."""
+class LoadRun:
+    """One run of the load generator: what load to send, where, and for how long (spec.load, the api model, is
+    what a trial's runs drive; this is one run's every setting)."""
 
     base_url: str = "http://127.0.0.1:8000"
     """Scheme, host and port of the server; the endpoint path is appended."""
@@ -172,7 +173,7 @@ class _Tally:
             self.per_second[int(at - self.window_start)] += count
 
 
-def _payload(spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def _payload(spec: LoadRun, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -310,7 +311,7 @@ async def engine_word_tokens(session: aiohttp.ClientSession, base_url: str, mode
     return Prompts({word: c - base for word, c in zip(FILLER_WORDS, counts, strict=True) if c is not None}, base)
 
 
-async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+async def run_load(spec: LoadRun, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the load and return the `vllm bench serve`-style result dict (setup and result keys)."""
     check_target(spec.base_url, spec.allow_non_loopback)
     say = log or (lambda _msg: None)
@@ -444,7 +445,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
         say(f"Warning: the run ended {warmup_end - end:.2f}s (wall) before the warm-up did; no measurements")
     # Requests cancelled by the hard stop are neither completed nor failed: they were in flight at its end.
     per_second = [count for second, count in tally.per_second.items() if warmup_end + second + 1 <= end]
-    window = Window(
+    window = ClientWindow(
         start=warmup_end,
         end=max(end, warmup_end),
         output_tokens=tally.window_tokens,
@@ -489,7 +490,7 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
     return {**setup, **result}
 
 
-def run_load_sync(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_load_sync(spec: LoadRun, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`run_load` in a fresh event loop."""
     return asyncio.run(run_load(spec, log=log))
 
