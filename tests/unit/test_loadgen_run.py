@@ -17,7 +17,7 @@ import pytest
 from batchtune.cli import main
 from batchtune.loadgen import LoadRun, run_load
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -91,7 +91,7 @@ def test_poisson_rate_and_duration_bound():
 
     async def go():
         cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=scale,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=scale,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()

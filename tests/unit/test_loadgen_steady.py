@@ -10,7 +10,7 @@ import pytest
 from batchtune.core.warmup import STEADY_MIN_S
 from batchtune.loadgen import LoadRun, compact_summary, run_load
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL, GPU, SCALE = "meta-llama/Llama-3.1-8B-Instruct", "A100-40GB", 5.0
@@ -22,7 +22,7 @@ def _runs(*loads: dict[str, Any]) -> list[dict[str, Any]]:
 
     async def go() -> list[dict[str, Any]]:
         cfg = ServeConfig(model=MODEL, gpu=GPU, max_num_seqs=8, max_model_len=4096)
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=SCALE,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=SCALE,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()

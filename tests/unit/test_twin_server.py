@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batchtune.gpu_activity import read_activity
 from batchtune.loadgen import LoadRun, run_load
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -26,7 +26,7 @@ MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 @contextlib.asynccontextmanager
 async def serving(time_scale=50.0, ready=True, **options):
     cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
-    server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=time_scale,
+    server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=time_scale,
                                                    stats_log_interval_s=0, **options),
                         on_log=lambda *_a: None)  # fmt: skip
     await server.start()
@@ -273,7 +273,7 @@ def test_server_and_model_agree():
                        duration_s=duration).metrics  # fmt: skip
 
     async def go():
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=time_scale,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=time_scale,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()
@@ -310,7 +310,7 @@ def test_a_wait_for_the_api_server_ends_when_the_engine_said(boot_s):
     prompts = [256 + 7 * i for i in range(12)]
 
     def engine_side_ttft(prompt):  # the same engine on a virtual clock, as predict runs it
-        engine = Engine(cfg)
+        engine = SimEngine(cfg)
         engine.add_request("r", prompt, 4, 0.0)
         now = 0.0
         while not (out := engine.step(now)).emitted:
@@ -324,7 +324,7 @@ def test_a_wait_for_the_api_server_ends_when_the_engine_said(boot_s):
     async def go():
         nonlocal origin
         origin = asyncio.get_running_loop().time()
-        server = BootClock(Engine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=2.0,
+        server = BootClock(SimEngine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=2.0,
                                                       stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()

@@ -47,7 +47,7 @@ def _target(path: str, container_name: str | None) -> tuple[Engine, EngineLimits
     return engine, engine.limits(invocation.flags), invocation
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:  # noqa: C901
     from rich.console import Console
     from rich.table import Table
 

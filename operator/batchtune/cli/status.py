@@ -345,7 +345,7 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def decision(bt: Mapping[str, Any]) -> Any:
+def decision(bt: Mapping[str, Any]) -> Any:  # noqa: C901
     """The decision with its reasons: setting, knee, replicas hint, and what happened in production."""
     from rich.text import Text
 

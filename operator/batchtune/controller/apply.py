@@ -9,7 +9,7 @@ batchtune applied.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from batchtune.api import AppliedRecord
 from batchtune.api import ContainerArgs as ArgsRecord
@@ -68,18 +68,8 @@ def apply(tick: Tick) -> None:
     if current == desired:
         tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
         return
-    last = ((target.deployment["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_AT))
-    if last:
-        from datetime import datetime
-
-        try:
-            until = datetime.fromisoformat(last.replace("Z", "+00:00")) + timedelta(seconds=tick.spec.apply.cooldown_seconds)
-        except ValueError:
-            until = tick.now
-        if until > tick.now:
-            tick.waiting(Reason.COOLDOWN_ACTIVE, f"Production was changed at {last}; spec.apply.cooldownSeconds "
-                                                 f"holds the next change until {iso(until)}")
-            return
+    if cooling_down(tick, target):
+        return
     applied = tick.status.applied
     if applied is None or applied.before is None or _args(applied.previous) != current:
         # Checkpoint production's window and exact args before touching it.
@@ -110,6 +100,22 @@ def apply(tick: Tick) -> None:
     tick.log.info("Applied %s to %s", label, target.name)
     tick.set_phase(Phase.VERIFYING, Reason.APPLIED, f"Verifying {label} on production for at least "
                                                     f"{tick.spec.apply.verify_seconds}s")
+
+
+def cooling_down(tick: Tick, target: Target) -> bool:
+    """Production changed less than spec.apply.cooldownSeconds ago (then the tick waits, saying until when)."""
+    last = ((target.deployment["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_AT))
+    if not last:
+        return False
+    try:
+        until = datetime.fromisoformat(last.replace("Z", "+00:00")) + timedelta(seconds=tick.spec.apply.cooldown_seconds)
+    except ValueError:
+        until = tick.now
+    if until <= tick.now:
+        return False
+    tick.waiting(Reason.COOLDOWN_ACTIVE, f"Production was changed at {last}; spec.apply.cooldownSeconds "
+                                         f"holds the next change until {iso(until)}")
+    return True
 
 
 def resume_from_mark(tick: Tick, target: Target, mark: AppliedMark) -> None:
@@ -146,6 +152,13 @@ def verify(tick: Tick) -> None:
     if current is None or ContainerArgs.of(current) != mark.applied:
         changed_by_others(tick, target.name, "its container's command line is no longer what batchtune applied")
         return
+    if rolled_out(tick, target, applied):
+        judge_window(tick, target, mark, applied)
+
+
+def rolled_out(tick: Tick, target: Target, applied: AppliedRecord) -> bool:
+    """Whether production's rollout is done and recorded (a stuck one rolls back); the window starts there."""
+    assert applied.applied_at is not None
     if not rollout_complete(target.deployment):
         deadline = applied.applied_at + timedelta(seconds=tick.spec.trial.readiness_timeout_seconds)
         if tick.now > deadline:
@@ -153,12 +166,18 @@ def verify(tick: Tick) -> None:
                      f"{tick.spec.trial.readiness_timeout_seconds}s (spec.trial.readinessTimeoutSeconds)")
         else:
             tick.waiting(Reason.WAITING_FOR_ROLLOUT, f"Waiting for {target.name} to roll out")
-        return
+        return False
     if applied.rollout_completed_at is None:
         applied.rollout_completed_at = tick.now
-        return
+        return False
+    return True
+
+
+def judge_window(tick: Tick, target: Target, mark: AppliedMark, applied: AppliedRecord) -> None:
+    """Production since the rollout against its figures before: wait, verified, rolled back or inconclusive."""
     rules = policy(tick)
     start = applied.rollout_completed_at
+    assert start is not None
     end = tick.now - timedelta(seconds=tick.ports.install.scrape_lag_seconds)
     if end < start + timedelta(seconds=rules.verify_seconds):
         return

@@ -11,6 +11,7 @@ from batchtune.core.recommend import ContainerArgs as ProductionArgs
 from batchtune.core.recommend import kustomize_patch, production_args, recommend, replica_hint
 from batchtune.core.retune import RoundVerdict, judge_round
 from batchtune.core.selection import OBJECTIVE_WORDS, CompletedTrial, Selection, select_best
+from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import evaluate_slo
 from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState, Verdict
 from batchtune.prometheus import PrometheusUnavailable
@@ -61,35 +62,42 @@ def select(tick: Tick) -> None:
         tick.fail(Reason.NO_FEASIBLE_SETTING, reason)
         submit_report(tick)
         return
+    recommend_best(tick, target, objective, best, chosen.best, as_candidate,
+                   chosen.reason if judged is None else f"{chosen.reason}; {judged.message}")
+
+
+def recommend_best(tick: Tick, target: Target, objective: Objective, best: TrialRecord, setting: CoreSetting,
+                   as_candidate: bool, reason: str) -> None:
+    """The chosen setting as the recommendation (its replica hint from production's peak), then Recommended or on
+    to Applying."""
     try:
         peak, peak_source = tick.production_peak(target)
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         return
-    repeats = [t for t in trials if t.state is TrialState.DONE and t.setting.core() == chosen.best
+    repeats = [t for t in tick.status.trials if t.state is TrialState.DONE and t.setting.core() == setting
                and (as_candidate or not t.current)]
     hint = replica_hint(objective, [(t.metrics or {}).get(M.SLO_CAPACITY) for t in repeats], peak, peak_source,
                         tick.spec.slo.headroom_percent)
-    rec = recommend(target.engine, target.deployment, target.container, chosen.best, tick.view.spec.extra_args)
-    reason = chosen.reason if judged is None else f"{chosen.reason}; {judged.message}"
+    rec = recommend(target.engine, target.deployment, target.container, setting, tick.view.spec.extra_args)
     tick.status.recommendation = Recommendation(
-        setting=Setting.of(chosen.best), args=rec.container.flat(), reason=reason[:2000],
+        setting=Setting.of(setting), args=rec.container.flat(), reason=reason[:2000],
         workload=tick.status.workload.summary if tick.status.workload else None,
         json_patch=rec.json_patch, kustomize_patch=rec.kustomize_patch, helm_values=rec.helm_values,
         replicas_hint=hint.replicas, replicas_basis=hint.basis[:500], container_name=rec.container_name,
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
-    tick.status.best_setting = chosen.best.label()
+    tick.status.best_setting = setting.label()
     manager = gitops_manager(target.deployment)
     if tick.apply_mode(target) == "Recommend":
         why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
                if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
-        message = f"Recommended {chosen.best.label()} ({why}): {reason}" + _for(tick)
+        message = f"Recommended {setting.label()} ({why}): {reason}" + _for(tick)
         tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
         tick.event(False, Reason.RECOMMENDATION_READY, message)
         submit_report(tick)
         return
-    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {reason}" + _for(tick))
+    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {setting.label()}: {reason}" + _for(tick))
     submit_report(tick)  # again when production has verified or rolled back (controller.reconcile)
 
 

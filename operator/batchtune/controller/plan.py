@@ -18,12 +18,12 @@ from batchtune.controller.ports import MetricsReader
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
 from batchtune.core.measurement import window_too_short
-from batchtune.core.planning import plan_candidates
+from batchtune.core.planning import EngineLimits, Plan, plan_candidates
 from batchtune.core.policy import load_image_problem
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
-from batchtune.engines import ArgsError
+from batchtune.engines import ArgsError, Invocation
 from batchtune.prometheus import PrometheusUnavailable
 
 MAX_PRUNED_IN_STATUS = 200
@@ -113,6 +113,23 @@ def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: 
                            requests_per_minute=found.load if found.open_loop else None, source=found.source[:500])
 
 
+def window_problem(tick: Tick, target: Target) -> str | None:
+    """Why Prometheus could not measure the spec's windows (measure, bracketing, verify), or None."""
+    spec, interval = tick.spec, tick.ports.install.scrape_interval_seconds
+    counted = bool(spec.load.num_prompts)
+    short = window_too_short(spec.trial.measure_seconds, interval)
+    if short and not counted:
+        return f"spec.trial.measureSeconds {spec.trial.measure_seconds}: {short}"
+    bracket = spec.trial.bracket_seconds
+    short = window_too_short(bracket, interval, "spec.trial.bracketSeconds") if bracket else None
+    if short and not counted:
+        return f"spec.trial.bracketSeconds {bracket}: {short} (or 0: off)"
+    short = window_too_short(spec.apply.verify_seconds, interval, "spec.apply.verifySeconds")
+    if short and tick.apply_mode(target) == "Auto":
+        return f"spec.apply.verifySeconds {spec.apply.verify_seconds}: {short}"
+    return None
+
+
 def plan(tick: Tick) -> None:
     from batchtune.twin.prefilter import memory_fit
 
@@ -129,22 +146,9 @@ def plan(tick: Tick) -> None:
     if problems:
         tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))
         return
-    short = window_too_short(tick.spec.trial.measure_seconds, tick.ports.install.scrape_interval_seconds)
-    if short and not tick.spec.load.num_prompts:
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.measureSeconds {tick.spec.trial.measure_seconds}: "
-                                                       f"{short}")
-        return
-    bracket = tick.spec.trial.bracket_seconds
-    short = window_too_short(bracket, tick.ports.install.scrape_interval_seconds, "spec.trial.bracketSeconds") \
-        if bracket else None
-    if short and not tick.spec.load.num_prompts:
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.bracketSeconds {bracket}: {short} (or 0: off)")
-        return
-    short = window_too_short(tick.spec.apply.verify_seconds, tick.ports.install.scrape_interval_seconds,
-                             "spec.apply.verifySeconds")
-    if short and tick.apply_mode(target) == "Auto":
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.apply.verifySeconds {tick.spec.apply.verify_seconds}: "
-                                                       f"{short}")
+    short = window_problem(tick, target)
+    if short:
+        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
         return
     try:
         reader = tick.reader(engine)
@@ -161,24 +165,29 @@ def plan(tick: Tick) -> None:
     fits, note = memory_fit(engine, baseline, product or gpu_model(tick, reader, target))
     # Extra args come last on every trial's command line: their limits (--max-model-len, ...) win.
     limits = engine.limits(baseline.flags, tick.spec.search_space.extra_args or ())
-    space = tick.view.spec.space
-    candidates = plan_candidates(space, lambda s: engine.invariant_violation(s, limits), fits, limits)
+    candidates = plan_candidates(tick.view.spec.space, lambda s: engine.invariant_violation(s, limits), fits, limits)
     tick.status.pruned = [PrunedSetting(setting=Setting.of(p.setting), reason=p.reason, message=p.message[:1000],
                                         memory_reason=p.memory_reason)
                           for p in candidates.pruned[:MAX_PRUNED_IN_STATUS]]
     if not candidates.candidates:
         tick.fail(Reason.EMPTY_SEARCH_SPACE, "No setting is left to try: " + (candidates.error or ""))
         return
-    # A retune round measures production's own setting first, beside the candidates.
-    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     try:
         curve = curve_load(tick, target, reader, max(s.max_num_seqs for s in candidates.candidates))
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         tick.status.phase = Phase.PLANNING
         return
+    record_plan(tick, target, baseline, limits, candidates, product, note, curve, workload)
+
+
+def record_plan(tick: Tick, target: Target, baseline: Invocation, limits: EngineLimits, candidates: Plan,
+                product: str | None, note: str, curve: CurveLoadRecord | None, workload: WorkloadRecord) -> None:
+    """The plan into status, and on to Trialing."""
+    # A retune round measures production's own setting first, beside the candidates.
+    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     tick.status.baseline = Baseline(
-        engine=engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
+        engine=target.engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
         gpu_memory_utilization_percent=baseline.gpu_memory_utilization_percent,
         max_num_batched_tokens=baseline.max_num_batched_tokens, args=list(baseline.argv),
         fingerprint=fingerprint(target.container))

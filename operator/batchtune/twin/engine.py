@@ -210,7 +210,7 @@ class SimEngine:
             prompt_tokens=result.prompt_tokens, decode_tokens=result.decode_tokens, sm_active=sm,
             sm_occupancy=occ, tensor_active=tensor, dram_active=dram, power_w=power)
 
-    def _run(self, now: float) -> _Step | None:
+    def _run(self, now: float) -> _Step | None:  # noqa: C901
         running = self.running
         waiting = self.waiting
         if not running and not waiting:

@@ -232,7 +232,7 @@ class _Simulation:
         num_prompts = self.wl.num_prompts  # None exactly when not in bench mode
         return num_prompts is None or self.sent < num_prompts
 
-    def run(self) -> None:
+    def run(self) -> None:  # noqa: C901
         eng, wl = self.engine, self.wl
         run = eng._run
         cost = eng._cost
