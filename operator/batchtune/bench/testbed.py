@@ -29,10 +29,16 @@ class GroundTruth(Protocol):
         ...
 
 
-JOB_START_S = 6.0
-"""Measured on the local cluster: see docs/benchmarks.md, "Cost model"."""
-SCRAPE_LAG_S = 8.0
-"""The default scrape lag (6 s) and up to one 2 s tick."""
+JOB_START_S = 5.0
+"""A load Job's creation to its window's start, less the warm-up: the pod's start and the load generator's start-up
+(median 4.9 s over 14 runs on the local cluster; docs/benchmarks.md, "Cost model")."""
+TICK_S = 2.0
+"""The chart's operator.tickSeconds."""
+TICKS_AFTER_A_RUN = 2.9
+"""Ticks from a run's window end, past the scrape lag, to the next Job's creation: the tick that reads the run, the
+one that records the next step's intent, the one that creates its Job (7.9 s measured at 1 s ticks and a 5 s lag)."""
+SCRAPE_LAG_S = 6.0 + TICKS_AFTER_A_RUN * TICK_S
+"""The operator's scrape lag (BATCHTUNE_SCRAPE_LAG_SECONDS, 6 s by default) and those ticks at the chart's tick."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,8 @@ class CostModel:
     """Every operator load run before its warm-up: the tick that creates its Job, the Job's pod start and the load
     generator's start-up (the trial's GPUs are held meanwhile)."""
     scrape_lag_s: float = SCRAPE_LAG_S
-    """Every operator load run after its window: the install's scrape lag (prometheus.scrapeLagSeconds, 6 s by
-    default) and the tick that reads the run."""
+    """Every operator load run after its window: the install's scrape lag and the ticks until the next run's Job (a
+    trial's last run ends sooner, at the reading tick: billed the same, a few seconds over, alike for every strategy)."""
 
 
 @dataclass
