@@ -51,6 +51,15 @@ def production(namespace: str, name: str = "llm", args: list[str] | None = None,
     }
 
 
+SLO = {"percentile": "P95", "interTokenLatencyMilliseconds": 100, "e2eLatencyMilliseconds": 4000,
+                 "maxErrorRatePercent": 1, "headroomPercent": 10}
+"""The tunings' SLO. The inter-token bound is far above the twin's (p95 26-28 ms predicted at every load these tests
+run below 64 streams, 28-33 ms measured on a quiet machine), because a busy 2-core machine's scheduling stretched
+the measured p95 to 36-46 ms at the same load (make test, lanes beside the real-vLLM tier), past the 36 ms bound a
+40 ms target gave: the tests assert mechanisms and choices, which the end-to-end bound decides as before (the
+capacities `predicted_best` gives are the same for 40 and 100 ms)."""
+
+
 def batchtuning(namespace: str, prometheus_url: str, name: str = "tune", target: str = "llm",
                 **overrides: Any) -> dict:
     spec: dict[str, Any] = {
@@ -58,8 +67,7 @@ def batchtuning(namespace: str, prometheus_url: str, name: str = "tune", target:
         "searchSpace": {"maxNumSeqs": {"values": [8, 16, 32, 64]}, "gpuMemoryUtilizationPercent": [95]},
         "strategy": {"type": "Adaptive", "maxTrials": 4, "maxParallelTrials": 2},
         "objective": {"type": "SloCapacity"},
-        "slo": {"percentile": "P95", "interTokenLatencyMilliseconds": 40, "e2eLatencyMilliseconds": 4000,
-                "maxErrorRatePercent": 1, "headroomPercent": 10},
+        "slo": dict(SLO),
         "load": {"inputTokens": 256, "outputTokens": 64},
         "trial": {"warmupSeconds": 3, "measureSeconds": 8, "readinessTimeoutSeconds": 90},
         "prometheus": {"url": prometheus_url},

@@ -16,6 +16,7 @@ import pytest
 from operator_env import (
     MODEL,
     PRODUCTION_ARGS,
+    SLO,
     Traffic,
     batchtuning,
     condition,
@@ -103,7 +104,7 @@ def test_auto_tunes_applies_and_verifies_production(kube, namespace, operator, p
     chosen = status["recommendation"]["setting"]["maxNumSeqs"]
 
     # The choice agrees with the twin's own prediction over the same space: within 15% of the best.
-    capacity = predicted_best([8, 16, 32, 64], 95, 40, 4000, 10)
+    capacity = predicted_best([8, 16, 32, 64], 95, SLO["interTokenLatencyMilliseconds"], 4000, 10)
     assert capacity[chosen] >= 0.85 * max(capacity.values()), (chosen, capacity)
 
     # Production changed only in its tuned args, plus our annotations.
@@ -289,7 +290,7 @@ def test_operator_killed_at_random_moments_finishes_an_auto_tuning_exactly_once(
     mark = json.loads(kube.apps.read_namespaced_deployment("llm", namespace).metadata.annotations[
         "batchtune.io/applied"])
     assert mark["state"] == "Verified"
-    capacity = predicted_best([8, 16, 32, 64], 95, 40, 4000, 10)
+    capacity = predicted_best([8, 16, 32, 64], 95, SLO["interTokenLatencyMilliseconds"], 4000, 10)
     assert capacity[status["recommendation"]["setting"]["maxNumSeqs"]] >= 0.85 * max(capacity.values())
 
 
