@@ -43,6 +43,9 @@ class Workload:
     """For `uniform`: lengths drawn from [L(1-r), L(1+r)] (vllm's --random-range-ratio)."""
     output_dist: LengthDist | None = None
     """Distribution of output lengths when it differs from `length_dist` (e.g. EOS without --ignore-eos)."""
+    output_range_ratio: float | None = None
+    """The output's own range ratio for `uniform` (None: `range_ratio`; vLLM's --random-range-ratio
+    '{"input": r1, "output": r2}')."""
     num_prompts: int | None = None
     """Bench mode: send exactly this many requests and measure the whole run (no warm-up)."""
     warmup_s: float | None = None
@@ -64,8 +67,10 @@ class Workload:
             value = getattr(self, name)
             if value is not None and value not in ("fixed", "uniform", "exponential"):
                 raise ValueError(f"{name} must be fixed, uniform or exponential, got {value!r}")
-        if not 0 <= self.range_ratio < 1:
-            raise ValueError(f"range_ratio must be in [0, 1), got {self.range_ratio}")
+        for name in ("range_ratio", "output_range_ratio"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
 
 
 @dataclass(frozen=True)
@@ -117,20 +122,20 @@ class _LengthSampler:
     def __init__(self, wl: Workload, rng: random.Random, max_model_len: int):
         self.wl, self.rng, self.limit = wl, rng, max_model_len
 
-    def _draw(self, mean: int, dist: str) -> int:
-        wl = self.wl
+    def _draw(self, mean: int, dist: str, ratio: float) -> int:
         if dist == "fixed":
             return mean
         if dist == "uniform":
-            lo = max(1, int(mean * (1 - wl.range_ratio)))
-            hi = max(lo, int(mean * (1 + wl.range_ratio)))
+            lo = max(1, int(mean * (1 - ratio)))
+            hi = max(lo, int(mean * (1 + ratio)))
             return self.rng.randint(lo, hi)
         return max(1, int(self.rng.expovariate(1.0 / mean)))
 
     def __call__(self) -> tuple[int, int]:
         wl = self.wl
-        prompt = min(self._draw(wl.input_len, wl.length_dist), self.limit - 1)
-        output = min(self._draw(wl.output_len, wl.output_dist or wl.length_dist), self.limit - prompt)
+        out_ratio = wl.range_ratio if wl.output_range_ratio is None else wl.output_range_ratio
+        prompt = min(self._draw(wl.input_len, wl.length_dist, wl.range_ratio), self.limit - 1)
+        output = min(self._draw(wl.output_len, wl.output_dist or wl.length_dist, out_ratio), self.limit - prompt)
         return prompt, output
 
 

@@ -46,16 +46,22 @@ class Shape:
     length_dist: str = "fixed"
     range_ratio: float = 0.5
     output_dist: str | None = None
+    output_range_ratio: float | None = None
+    """The output's own range ratio for `uniform` (None: `range_ratio`, as vLLM's single --random-range-ratio)."""
 
     def __post_init__(self) -> None:
         if not (self.input_len >= 1 and self.output_len >= 1):
             raise ValueError(f"input_len and output_len must be >= 1, got {self.input_len}, {self.output_len}")
 
+    @property
+    def output_ratio(self) -> float:
+        return self.range_ratio if self.output_range_ratio is None else self.output_range_ratio
+
     def output_quantile(self, u: float) -> float:
         dist = self.output_dist or self.length_dist
         o = self.output_len
         if dist == "uniform":
-            return o * (1 - self.range_ratio + 2 * self.range_ratio * u)
+            return o * (1 - self.output_ratio + 2 * self.output_ratio * u)
         if dist == "exponential":
             return -o * math.log(max(1e-9, 1 - u))
         return o
@@ -65,7 +71,7 @@ class Shape:
         """Squared coefficient of variation of the output length (how variable a request's life is)."""
         dist = self.output_dist or self.length_dist
         if dist == "uniform":
-            return self.range_ratio ** 2 / 3
+            return self.output_ratio ** 2 / 3
         if dist == "exponential":
             return 1.0
         return 0.0
