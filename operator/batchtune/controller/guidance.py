@@ -163,8 +163,8 @@ def record_advice(tick: Tick, fresh: TwinAdvice, calibration: Calibration | None
 
 
 def prediction(advice_: TwinAdvice, setting: Any) -> TrialPrediction | None:
-    """The record a trial launched on the advice carries."""
-    found = advice_.predicted(setting)
+    """The record a trial launched on the advice carries (none while the calibration is Untrusted)."""
+    found = advice_.launch_prediction(setting)
     if found is None:
         return None
     return TrialPrediction(objective=max(0.0, found.objective), capacity_load=found.capacity_load,

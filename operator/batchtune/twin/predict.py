@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -254,6 +255,8 @@ class _Simulation:
                 self._send(0.0)
         else:
             next_arrival = self.rng.expovariate(rate)
+        # A closed-loop client sends its next request once the last token reached it (the response path later).
+        replacements: deque[float] = deque()
         measuring = self.bench
         warmup = 0.0 if self.bench else wl.warmup_s
         if warmup is None and not closed:
@@ -270,12 +273,16 @@ class _Simulation:
             while next_arrival <= now and self._can_send():
                 self._send(next_arrival)
                 next_arrival += self.rng.expovariate(rate)
+            while replacements and replacements[0] <= now and self._can_send():
+                self._send(replacements.popleft())
             if not self._can_send():
                 next_arrival = math.inf
+                replacements.clear()
             if not eng.has_work():
-                if next_arrival == math.inf:
+                due = min(next_arrival, replacements[0] if replacements else math.inf)
+                if due == math.inf:
                     break
-                now = next_arrival
+                now = due
                 continue
             step = run(now)
             if step is None:
@@ -289,8 +296,8 @@ class _Simulation:
                 self._record(step, cost)
             for _ in step.finished:
                 self.completed_total += 1
-                if closed and self._can_send():
-                    self._send(t_end)
+                if closed:
+                    replacements.append(t_end + self.path_s)
             if warmup is None and self.completed_total >= turnover:
                 # closed-loop auto warm-up ends after one full turnover of the client pool
                 warmup = t_end

@@ -5,7 +5,8 @@ Per step, in steady state at throughput X (requests/s) and mean step time tau:
     decode tokens   d = X (O - 1) tau            (each decoding request gets one token per step)
     prompt tokens   p = X I tau                  (token conservation; chunked by the budget left, T - d)
     tau             = mean of the decode-only and the prompt-carrying step times (the same `step_time`)
-Closed loop (C users): C = X (ingest + admission + life), life = (prefill steps + O - 1) tau; past the
+Closed loop (C users): C = X (response path + ingest + admission + life), life = (prefill steps + O - 1) tau
+(a client sends its next request once the last token reached it); past the
 batch (max-num-seqs, or what the KV pool holds) the rest wait in a FIFO queue. Open loop (rate L):
 X = L, the running batch follows from Little's law; waits for a batch slot (M/D/c, Erlang C with
 the Allen-Cunneen correction), for the token budget (M/D/1 on prompt tokens) and for the API
@@ -183,11 +184,12 @@ class ServingModel:
             n_prefill = max(1.0, math.ceil(self.i / max(1.0, self.budget - min(c, batch))))
             life = (n_prefill + o - 1) * tau
             admission = max(tau, self.ingest_s + tau / 2)  # the next step after ingest (smooth for the fit)
-            x = c / (admission + life)
+            # A client sends its next request once it has the last token: the response path is in its cycle.
+            x = c / (self.path_s + admission + life)
             if x * life <= batch:
                 return x, 0.0, admission
             x = batch / life  # the batch is full: the rest wait their turn
-            return x, max(0.0, c / x - admission - life), admission
+            return x, max(0.0, c / x - self.path_s - admission - life), admission
 
         tau, stable = _solve(lambda t: self._life(throughput(t)[0], t, cohort)[0], self._step(min(c, batch), 0, 0))
         x, queue_wait, admission = throughput(tau)
