@@ -196,7 +196,9 @@ def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_set
     for obs in observations:
         assert obs.concurrency is not None, obs.source
         groups.setdefault((obs.cfg.max_num_seqs, obs.concurrency), []).append(obs)
-    points, train, training = [], [], []
+    points: list[Point] = []
+    train: list[int] = []
+    training: list[Observation] = []
     for (mns, conc), found in sorted(groups.items()):
         keys = sorted(set.intersection(*(set(o.metrics) for o in found)))
         measured = {k: statistics.median(o.metrics[k] for o in found) for k in keys}
