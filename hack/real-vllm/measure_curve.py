@@ -72,9 +72,15 @@ def main() -> int:
     parser.add_argument("--prompts-per-stream", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=1, help="bench runs per point, the loads interleaved")
     parser.add_argument("--save-dir", type=Path, default=None, help="keep every run's result file here")
+    parser.add_argument("--first-repeat", type=int, default=1, help="number the saved repeats from here")
+    parser.add_argument("--tier-env", action="store_true",
+                        help="serve as the real-vLLM tier's node agent does: VLLM_CPU_OMP_THREADS_BIND=nobind "
+                             "OMP_NUM_THREADS=1 (docs/real-vllm.md), not vLLM's default binding")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"})
+    if args.tier_env:
+        env.update({"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"})
     if args.save_dir:
         args.save_dir.mkdir(parents=True, exist_ok=True)
     points = []
@@ -101,7 +107,7 @@ def main() -> int:
                         runs.setdefault(conc, []).append(r)
                         loads.append(os.getloadavg()[0])
                         if args.save_dir:
-                            (args.save_dir / f"mns{mns}-c{conc}-r{repeat + 1}.json").write_text(
+                            (args.save_dir / f"mns{mns}-c{conc}-r{args.first_repeat + repeat}.json").write_text(
                                 json.dumps(r, indent=1) + "\n")
                         print(json.dumps({"max_num_seqs": mns, "concurrency": conc, "repeat": repeat + 1,
                                           "output_throughput": round(r["output_throughput"], 1)}),
