@@ -61,6 +61,14 @@ def bench(vllm: str, model: Path, port: int, concurrency: int, prompts: int, inp
     return {k: v for k, v in result.items() if k not in DROPPED}
 
 
+def quiet(threshold: float | None, limit_s: float) -> float:
+    """Wait until the 1-minute load average is below `threshold` (at most `limit_s`); seconds waited."""
+    started = time.monotonic()
+    while threshold is not None and os.getloadavg()[0] > threshold and time.monotonic() - started < limit_s:
+        time.sleep(2.0)
+    return time.monotonic() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--vllm", required=True)
@@ -73,6 +81,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="bench runs per point, the loads interleaved")
     parser.add_argument("--save-dir", type=Path, default=None, help="keep every run's result file here")
     parser.add_argument("--first-repeat", type=int, default=1, help="number the saved repeats from here")
+    parser.add_argument("--max-streams-factor", type=float, default=None,
+                        help="skip loads above this many times max-num-seqs (at least 8 streams kept)")
+    parser.add_argument("--quiet-load", type=float, default=None,
+                        help="before each run, wait (up to --quiet-wait s) for the 1-minute load average to fall "
+                             "below this: a shared machine's bursts are what makes repeats differ")
+    parser.add_argument("--quiet-wait", type=float, default=120.0)
     parser.add_argument("--tier-env", action="store_true",
                         help="serve as the real-vLLM tier's node agent does: VLLM_CPU_OMP_THREADS_BIND=nobind "
                              "OMP_NUM_THREADS=1 (docs/real-vllm.md), not vLLM's default binding")
@@ -100,10 +114,16 @@ def main() -> int:
                 metadata = {"max_num_seqs": mns, "gpu_memory_utilization": GMU, "max_model_len": MAX_MODEL_LEN,
                             "kv_cache_size_tokens": kv_pool(server.port)}
                 runs: dict[int, list[dict]] = {}
+                concurrencies = [int(v) for v in args.concurrency.split(",")]
+                if args.max_streams_factor:
+                    concurrencies = [c for c in concurrencies if c <= max(8, args.max_streams_factor * mns)]
                 for repeat in range(args.repeats):
-                    for conc in (int(v) for v in args.concurrency.split(",")):
+                    for conc in concurrencies:
+                        waited = quiet(args.quiet_load, args.quiet_wait)
                         r = bench(args.vllm, args.model, server.port, conc, max(24, args.prompts_per_stream * conc),
-                                  args.input_len, args.output_len, env, out_dir, metadata)
+                                  args.input_len, args.output_len, env, out_dir,
+                                  {**metadata, "load_average_1m": round(os.getloadavg()[0], 2),
+                                   "waited_for_quiet_s": round(waited, 1)})
                         runs.setdefault(conc, []).append(r)
                         loads.append(os.getloadavg()[0])
                         if args.save_dir:
