@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchtune.cli.status import add_common_arguments
-from batchtune.cli.terminal import clean, safe
+from batchtune.terminal import clean, safe
 
 # -o value -> (status.recommendation field, what it is)
 FORMATS = {

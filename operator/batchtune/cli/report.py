@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchtune.cli.status import add_common_arguments
-from batchtune.cli.terminal import safe, text
+from batchtune.terminal import safe, text
 
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
 HTML_FILE = "report.html"
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     console.print()
     console.print(text(f"Report ({source}):"))
     for path in paths:
-        console.print(text(f"  {path}"))
+        console.print(text(f"  {path}"), soft_wrap=True)  # a path folded over two lines cannot be copied
     return 0
 
 

@@ -171,6 +171,49 @@ def observation(result: Mapping[str, Any], cfg: ServeConfig, source: str, inputs
     if total_in <= 0 or total_out <= 0:
         key = "total_input_tokens" if total_in <= 0 else "total_output_tokens"
         raise ObservationError(f"{source}: key '{key}' is {result.get(key)!r}; expected a positive token count")
+    duration = _number(result, "duration", source)
+    metrics = _metrics(result, source, completed, total_in, total_out, duration)
+    _pasted_twice(metrics, completed, source, notes)
+    load = _load(result, source, metrics)
+    num_prompts = _number(result, "num_prompts", source)
+    prompts = int(num_prompts) if num_prompts and num_prompts >= 1 else int(completed)
+    served = _served(result, cfg, source)
+    pool = _kv_pool(result, source)
+    if pool is None and inputs.kv_pool_tokens is not None and served == cfg:
+        pool = inputs.kv_pool_tokens
+    shape = _shape(result, total_in / completed, total_out / completed, source, inputs,
+                   closed=load.get("concurrency") is not None, notes=notes)
+    return Observation(served, shape, metrics, concurrency=load.get("concurrency"), rate=load.get("rate"),
+                       num_prompts=prompts, window_s=float(duration or 60.0), kv_pool_tokens=pool, source=source,
+                       notes=tuple(notes))
+
+
+def _metrics(result: Mapping[str, Any], source: str, completed: float, total_in: float, total_out: float,
+             duration: float | None) -> dict[str, float]:
+    """The throughputs and latency statistics present (output throughput derived where only others are)."""
+    metrics: dict[str, float] = {}
+    for key in result:
+        if key in THROUGHPUT_KEYS or LATENCY_KEY.match(str(key)) or key == "max_concurrent_requests":
+            number = _number(result, key, source, optional_nan=True)  # e.g. std of a single sample
+            if number is not None and math.isfinite(number):
+                metrics[str(key)] = number
+    if "output_throughput" in metrics:
+        return metrics
+    if duration and duration > 0:
+        metrics["output_throughput"] = total_out / duration
+    elif "request_throughput" in metrics:
+        metrics["output_throughput"] = metrics["request_throughput"] * total_out / completed
+    elif "total_token_throughput" in metrics:
+        metrics["output_throughput"] = metrics["total_token_throughput"] * total_out / (total_in + total_out)
+    else:
+        raise ObservationError(f"{source}: key 'output_throughput' is missing (and no 'duration', "
+                               "'request_throughput' or 'total_token_throughput' to derive it from)")
+    return metrics
+
+
+def _load(result: Mapping[str, Any], source: str, metrics: Mapping[str, float]) -> dict[str, float | None]:
+    """--max-concurrency with --request-rate inf is a closed loop; a finite rate is Poisson (capped by
+    max_concurrency when that binds: read as the closed loop then); inf alone is a burst."""
     for key in ("request_rate", "max_concurrency"):
         if key not in result:
             raise ObservationError(
@@ -181,35 +224,16 @@ def observation(result: Mapping[str, Any], cfg: ServeConfig, source: str, inputs
     concurrency = _number(result, "max_concurrency", source)
     if concurrency is not None and concurrency < 1:
         raise ObservationError(f"{source}: key 'max_concurrency' is {result['max_concurrency']!r}; expected >= 1")
-    num_prompts = _number(result, "num_prompts", source)
-    duration = _number(result, "duration", source)
-    metrics: dict[str, float] = {}
-    for key in result:
-        if key in THROUGHPUT_KEYS or LATENCY_KEY.match(str(key)) or key == "max_concurrent_requests":
-            number = _number(result, key, source, optional_nan=True)  # e.g. std of a single sample
-            if number is not None and math.isfinite(number):
-                metrics[str(key)] = number
-    _pasted_twice(metrics, completed, source, notes)
-    if "output_throughput" not in metrics:
-        if duration and duration > 0:
-            metrics["output_throughput"] = total_out / duration
-        elif "request_throughput" in metrics:
-            metrics["output_throughput"] = metrics["request_throughput"] * total_out / completed
-        elif "total_token_throughput" in metrics:
-            metrics["output_throughput"] = metrics["total_token_throughput"] * total_out / (total_in + total_out)
-        else:
-            raise ObservationError(f"{source}: key 'output_throughput' is missing (and no 'duration', "
-                                   "'request_throughput' or 'total_token_throughput' to derive it from)")
-    # The load: --max-concurrency with --request-rate inf is a closed loop; a finite rate is Poisson
-    # (capped by max_concurrency when that binds: read as the closed loop then); inf alone is a burst.
-    prompts = int(num_prompts) if num_prompts and num_prompts >= 1 else int(completed)
     if rate is not None and math.isfinite(rate):
         closed = concurrency is not None and concurrency <= rate * _life_guess(metrics)
-        load: dict[str, float | None] = {"concurrency": concurrency} if closed else {"rate": rate}
-    elif concurrency is not None:
-        load = {"concurrency": concurrency}
-    else:
-        load = {"rate": math.inf}
+        return {"concurrency": concurrency} if closed else {"rate": rate}
+    if concurrency is not None:
+        return {"concurrency": concurrency}
+    return {"rate": math.inf}
+
+
+def _served(result: Mapping[str, Any], cfg: ServeConfig, source: str) -> ServeConfig:
+    """The command line's setting, overridden by the result's --metadata serving keys."""
     overrides = {}
     for key, cast in SETTING_KEYS.items():
         if key in result and result[key] is not None:
@@ -218,17 +242,9 @@ def observation(result: Mapping[str, Any], cfg: ServeConfig, source: str, inputs
             except (TypeError, ValueError):
                 raise ObservationError(f"{source}: metadata key {key!r} is {result[key]!r}; expected a number") from None
     try:
-        served = cfg.replace(**overrides) if overrides else cfg
+        return cfg.replace(**overrides) if overrides else cfg
     except ValueError as exc:
         raise ObservationError(f"{source}: metadata {overrides}: {exc}") from None
-    pool = _kv_pool(result, source)
-    if pool is None and inputs.kv_pool_tokens is not None and served == cfg:
-        pool = inputs.kv_pool_tokens
-    shape = _shape(result, total_in / completed, total_out / completed, source, inputs,
-                   closed=load.get("concurrency") is not None, notes=notes)
-    return Observation(served, shape, metrics, concurrency=load.get("concurrency"), rate=load.get("rate"),
-                       num_prompts=prompts, window_s=float(duration or 60.0), kv_pool_tokens=pool, source=source,
-                       notes=tuple(notes))
 
 
 def _check_failed(result: Mapping[str, Any], completed: float, source: str, notes: list[str]) -> None:
