@@ -285,6 +285,7 @@ def _predicted(bt: Mapping[str, Any]) -> str:  # noqa: C901
             out.append(_table(["setting", "twin predicted", "why"],
                               [[h(_setting(p.get("setting"))), "does not fit", h(p.get("message") or p.get("memoryReason"))]
                                for p in memory[:MAX_TABLE_ROWS]]))
+    out.append(_calibration(status))
     predicted = [(t, p) for t in trials if (p := predictions(t)) is not None]
     out.append("<h3>The twin's performance predictions</h3>")
     if not predicted:
@@ -312,6 +313,36 @@ def _predicted(bt: Mapping[str, Any]) -> str:  # noqa: C901
                              h(_num(p)), h(_num(m)), h(error)])
         out.append(_table(["trial", "setting", "figure", "predicted", "measured", "error"], rows,
                           numeric=frozenset({3, 4, 5})))
+    return "".join(out)
+
+
+MODE_WORDS = {
+    "calibrate": "the next trial calibrates the twin",
+    "confirm": "the twin steers: the next trial confirms its best prediction",
+    "measure": "the twin does not steer: trials are chosen by measuring (Adaptive)",
+}
+
+
+def _calibration(status: Mapping[str, Any]) -> str:
+    """Strategy TwinGuided: the calibration's verdict, why, and what the search does with it."""
+    twin = _d(status, "twin")
+    if not twin:
+        return ""
+    verdict = str(twin.get("verdict") or "unknown")
+    mode = str(twin.get("mode") or "")
+    css = "Met" if verdict in ("Trusted", "Nominal") else "Violated"
+    out = ["<h3>The twin's calibration</h3>",
+           f'<p>Verdict <span class="{css}">{h(verdict)}</span> on {h(twin.get("observations") or 0)} measured load '
+           f"step(s); {h(MODE_WORDS.get(mode, mode or 'no decision recorded'))}.</p>"]
+    if verdict == "Untrusted":
+        out.append("<p>An Untrusted calibration's predictions missed the measurements it was fitted on (or needed "
+                   "a parameter past its physical bound): no trial was chosen by it while it stayed Untrusted.</p>")
+    if twin.get("reason"):
+        out.append(f"<p>{_long(str(twin['reason']), 1000)}</p>")
+    parameters = _d(twin, "parameters")
+    if parameters:
+        out.append(_table(["fitted parameter", "value"], [[h(k), h(_num(v))] for k, v in list(parameters.items())[:40]],
+                          numeric=frozenset({1})))
     return "".join(out)
 
 

@@ -419,12 +419,15 @@ class TestOneRealServer:
 
         # The builtin sizes its text by the server's own /tokenize: 64 asked is 64 served, no calibration.
         runs: dict[str, list[float]] = {"builtin": [], "bench": []}
+        OBSERVED["bench_summaries"] = []  # vllm bench at 4 streams: what the twin's live check below reads
         server_e2e: dict[str, list[float]] = {"builtin": [], "bench": []}
         prompt_tokens: dict[str, list[float]] = {"builtin": [], "bench": []}
         for i in range(3):
             for kind in ("builtin", "bench"):
                 summary, per_request = run(kind, f"{kind}-{i}", 64, PROMPTS)
                 runs[kind].append(summary["output_throughput"])
+                if kind == "bench":
+                    OBSERVED["bench_summaries"].append(summary)
                 server_e2e[kind].append(summary["server_mean_e2e_ms"])
                 prompt_tokens[kind].append(round(per_request, 1))
         medians = {k: statistics.median(v) for k, v in runs.items()}
@@ -443,6 +446,36 @@ class TestOneRealServer:
         # shares a core with vLLM's API server (the worker is bound to the other), and the builtin loses more
         # to that than vllm bench: 0.65-0.9 measured here, +-50% run to run (docs/real-vllm.md).
         assert 0.6 <= ratio <= 1.4, OBSERVED["agreement"]
+
+    @pytest.mark.xfail(strict=False, reason="calibrated on tests/data/real-vllm-curve, which misses issue 23's real-engine check (tests/unit/test_twin_real_engine.py): a noisy recording; it still runs and prints its errors")
+    def test_the_twin_calibrated_on_the_recorded_curve_predicts_the_live_server(self, server):
+        """The real-engine check, live: the CPU-node twin calibrated on three recorded points of real vLLM
+        (max-num-seqs 8 at 1, 4 and 16 streams, tests/data/real-vllm-curve; docs/twin.md, "Against real vLLM on
+        CPU") predicts this server (max-num-seqs 16, a setting it never saw) at 4 streams, as the vllm bench runs
+        of the test above measured it: the fastest of the three, as the recording keeps the fastest of its
+        repeats (other work on the machine only ever slows a run). No server, no run of its own."""
+        from batchtune.twin.accuracy import recorded_curve
+        from batchtune.twin.fit import Observation, calibrate, simulate
+        from batchtune.twin.observations import CLOSED_LOOP_MIN_SPREAD
+        from batchtune.twin.steady import Shape
+
+        summaries = OBSERVED.get("bench_summaries") or []
+        if len(summaries) < 3:
+            pytest.skip("needs the vllm bench runs of test_builtin_generator_and_vllm_bench_agree_on_output_throughput")
+        curve = recorded_curve(REPO / "tests" / "data" / "real-vllm-curve")
+        calibration = calibrate(curve.training_observations())
+        live = max(summaries, key=lambda s: s["output_throughput"])
+        cfg = curve.points[0].observation.cfg.replace(max_num_seqs=16)
+        shape = Shape(64, 32, "uniform", CLOSED_LOOP_MIN_SPREAD)
+        predicted = simulate(Observation(cfg, shape, {}, concurrency=4, num_prompts=PROMPTS), calibration.params)
+        errors = {key: predicted[key] / live[key] - 1 for key in ("output_throughput", "median_tpot_ms",
+                                                                  "median_ttft_ms")}
+        OBSERVED["live_twin_check"] = {"measured": {k: live[k] for k in errors}, "errors": errors,
+                                       "verdict": calibration.verdict}
+        print(f"\ntwin calibrated on the recording vs the live server: {json.dumps(OBSERVED['live_twin_check'])}")
+        assert abs(errors["output_throughput"]) <= 0.15, OBSERVED["live_twin_check"]
+        assert abs(errors["median_tpot_ms"]) <= 0.20, OBSERVED["live_twin_check"]
+        assert abs(errors["median_ttft_ms"]) <= 0.50, OBSERVED["live_twin_check"]
 
     def test_live_metrics_match_the_golden_schema(self, server):
         """Scrape the live real server (after the load above and a few API calls) and compare every `vllm:`

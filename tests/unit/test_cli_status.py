@@ -308,3 +308,13 @@ def test_twin_guided_tuning_shows_predicted_against_measured_per_trial():
     assert rows[32] == ""  # launched on no prediction: not in the table
     del bt["status"]["twin"]
     assert "Predicted against measured" not in text_of(st.render_status(bt, NOW))
+
+
+def test_an_untrusted_twin_that_does_not_steer_says_so():
+    bt = cli_fakes.succeeded()
+    bt["status"]["twin"] = {"basis": "b", "verdict": "Untrusted", "mode": "measure", "observations": 3, "ranked": 4,
+                            "reason": "3 of 9 residuals outside their tolerance; worst: median_ttft_ms ..."}
+    out = text_of(st.render_status(bt, NOW))
+    assert "Twin Untrusted" in out and "next trial: measure" in out
+    assert "the twin does not steer, trials are chosen by measuring" in " ".join(out.split())
+    assert "3 of 9 residuals outside their tolerance" in out

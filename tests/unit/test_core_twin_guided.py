@@ -59,15 +59,21 @@ def test_each_trial_waits_for_the_one_before():
     assert ask(advice({(64, 85): 30}, first=(64, 85)), pending=[S[32, 85]]) is None
 
 
-def test_an_untrusted_calibration_gets_a_second_trial_then_adaptive_measures():
+def test_an_untrusted_calibration_does_not_steer_adaptive_measures_until_it_is_trusted():
     history = [(S[64, 85], done(20.0))]
     adv = advice({(64, 85): 27.0, (128, 90): 27.1}, trusted=False)
     strategy = TwinGuided(PLAN, SLO, advice=adv)
-    assert strategy.mode(history)[0] == "calibrate"
-    assert strategy.ask(history) == S[128, 90]  # no margin needed: it is for the fit
-    two = history + [(S[128, 90], done(21.0))]
+    mode, why = strategy.mode(history)
+    assert mode == "measure" and "Untrusted" in why and "does not steer" in why
+    assert strategy.ask(history) == Adaptive(PLAN, SLO).ask(history)
+    assert strategy.ask(history) != S[128, 90]  # not the Untrusted twin's best
+    two = history + [(Adaptive(PLAN, SLO).ask(history), done(21.0))]
     assert strategy.mode(two)[0] == "measure"
     assert strategy.ask(two) == Adaptive(PLAN, SLO).ask(two)
+    # recalibrated on both and Trusted: the twin steers again
+    trusted = TwinGuided(PLAN, SLO, advice=advice({(64, 85): 20.0, (128, 90): 30.0}))
+    assert trusted.mode(two)[0] == "confirm"
+    assert trusted.ask(two) == S[128, 90]
 
 
 def test_confirmations_that_miss_their_prediction_hand_the_search_to_adaptive():

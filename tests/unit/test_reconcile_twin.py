@@ -154,3 +154,20 @@ def test_unknown_engine_model_falls_back_to_measuring():
     twin = w.status["twin"]
     assert twin["available"] is False and twin["verdict"] == "Unavailable", twin
     assert twin["mode"] == "measure" and w.status["trials"]
+
+
+def test_an_untrusted_calibration_does_not_steer_the_next_trial_and_status_says_so():
+    w = world(model=knee_model)  # the engine behaves like nothing the twin knows: its first calibration misses
+    for _ in range(400):
+        w.tick()
+        twin = w.status.get("twin") or {}
+        if twin.get("verdict") == "Untrusted" and len(w.status.get("trials") or []) >= 2:
+            break
+    twin = w.status["twin"]
+    assert twin["verdict"] == "Untrusted" and twin["mode"] == "measure", twin
+    assert "outside their tolerance" in twin["reason"]
+    distrusted = [m for _, reason, m in w.events if reason == "TwinDistrusted"]
+    assert distrusted and "Untrusted, so the twin does not steer" in distrusted[0]
+    first, second = w.status["trials"][:2]
+    assert first.get("prediction") is not None  # launched on the catalog twin's advice
+    assert second.get("prediction") is None  # not on the Untrusted calibration's, not even its load

@@ -287,3 +287,18 @@ def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte():
             assert "it is curves.png beside it" in page
         shed.append(k)
     assert shed == sorted(shed) and set(range(6)) <= set(shed), shed  # every stage reached, in order
+
+
+def test_the_twins_calibration_verdict_and_what_the_search_did_with_it():
+    bt = tuned()
+    bt["status"]["twin"] = {"basis": "b", "verdict": "Untrusted", "mode": "measure", "observations": 4,
+                            "reason": "2 of 8 residuals outside their tolerance; held at its physical bound <b>x</b>",
+                            "parameters": {"bwScale": 1.1176}}
+    text = " ".join(Page(html_report(bt, None)).text)
+    assert "The twin's calibration" in text and "Untrusted" in text
+    assert "the twin does not steer: trials are chosen by measuring (Adaptive)" in text
+    assert "no trial was chosen by it while it stayed Untrusted" in text
+    assert "held at its physical bound <b>x</b>" in text  # escaped: text, not markup
+    assert "bwScale" in text and "1.12" in text
+    del bt["status"]["twin"]
+    assert "The twin's calibration" not in " ".join(Page(html_report(bt, None)).text)

@@ -23,7 +23,7 @@ CPU = ["--model", "tiny-llama-v1", "--gpu", "CPU-node", "--max-model-len", "2048
 def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict]:
     code = main(argv)
     out = capsys.readouterr().out
-    return code, (json.loads(out) if code == 0 and out.strip().startswith("{") else {})
+    return code, (json.loads(out) if code in (0, 1) and out.strip().startswith("{") else {})
 
 
 def test_calibrates_on_real_vllm_cpu_results(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -51,7 +51,8 @@ def test_calibrates_on_real_vllm_cpu_results(capsys: pytest.CaptureFixture[str],
 def test_bundled_cpu_streaming_and_two_files(capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run_json(capsys, ["twin", "calibrate", *CPU, "--max-num-seqs", "16", "--observations", str(SAMPLE),
                                   str(GOLDEN), "-o", "json"])
-    assert code == 0 and doc["observations"] == 2
+    assert doc["observations"] == 2
+    assert code == (0 if doc["verdict"] == "Trusted" else 1)  # Untrusted exits 1 (the document is still written)
     keys = {(r["source"].split()[0], r["key"]) for r in doc["residuals"]}
     assert ("vllm-0.32.0-cpu-c16.json", "median_itl_ms") not in keys  # bundled tokens: ITL reads ~0
     assert doc["verdict"] in ("Trusted", "Untrusted") and doc["reason"]
@@ -153,3 +154,55 @@ def test_a_missing_file_and_an_unknown_flag(capsys: pytest.CaptureFixture[str], 
     with pytest.raises(SystemExit):
         main(["twin", "predict", "--model", "Llama-3.1-8B", "--gpu", "H100", "--input-len", "1", "--output-len", "1",
               "--concurrency", "1", "--no-such-flag"])
+
+
+def untrusted_result(tmp_path: Path) -> Path:
+    """The golden run with a TTFT the CPU node's physics cannot produce next to its throughput."""
+    path = tmp_path / "slow-ttft.json"
+    path.write_text(json.dumps(result(median_ttft_ms=900.0, mean_ttft_ms=950.0)))
+    return path
+
+
+def test_an_untrusted_calibration_exits_1_unless_allowed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["twin", "calibrate", *CPU, "--max-num-seqs", "8", "--observations", str(untrusted_result(tmp_path)),
+            "-o", "json"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # the document is still written
+    assert doc["verdict"] == "Untrusted" and "median_ttft_ms" in doc["reason"]
+    assert captured.err.startswith("Untrusted: ") and "--allow-untrusted" in captured.err
+    assert main([*argv, "--allow-untrusted"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "Untrusted"
+
+
+def test_predict_refuses_an_untrusted_calibration_unless_allowed(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    main(["twin", "calibrate", *CPU, "--max-num-seqs", "8", "--observations", str(untrusted_result(tmp_path)),
+          "-o", "json", "--allow-untrusted"])
+    path = tmp_path / "untrusted.json"
+    path.write_text(capsys.readouterr().out)
+    common = ["twin", "predict", "--model", "tiny-llama-v1", "--gpu", "CPU-node", "--max-num-seqs", "8",
+              "--max-model-len", "2048", "--gpu-memory-utilization", "0.3", "--input-len", "64", "--output-len", "32",
+              "--concurrency", "4", "--duration", "5", "-o", "json", "--calibration", str(path)]
+    assert main(common) == 2
+    err = capsys.readouterr().err
+    assert "untrusted.json: the calibration's verdict is 'Untrusted', not 'Trusted'" in err
+    assert "median_ttft_ms" in err and "--allow-untrusted" in err
+    assert main([*common, "--allow-untrusted"]) == 0
+    assert json.loads(capsys.readouterr().out)["output_throughput"] > 0
+
+
+def test_predict_spreads_a_closed_loops_lengths_unless_told(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["twin", "predict", "--model", "Llama-3.1-8B", "--gpu", "H100", "--input-len", "512", "--output-len", "64",
+            "--duration", "5", "-o", "json"]
+    assert main([*base, "--concurrency", "8"]) == 0
+    closed = json.loads(capsys.readouterr().out)
+    assert closed["length_dist"] == "uniform" and closed["random_range_ratio"] == 0.1
+    assert main([*base, "--concurrency", "8", "--length-dist", "fixed"]) == 0
+    assert json.loads(capsys.readouterr().out)["length_dist"] == "fixed"
+    assert main([*base, "--rate", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["length_dist"] == "fixed"
+    assert main([*base, "--rate", "2", "--range-ratio", "0.3"]) == 0
+    assert json.loads(capsys.readouterr().out)["random_range_ratio"] == 0.3
+    assert main([*base, "--rate", "2", "--length-dist", "fixed", "--range-ratio", "0.3"]) == 2
+    assert "--range-ratio applies to --length-dist uniform" in capsys.readouterr().err

@@ -104,3 +104,62 @@ def test_a_measured_setting_the_memory_model_refuses_is_named() -> None:
     with pytest.raises(ValueError, match="src.*memory model says this setting does not start"):
         calibrate([Observation(bad.replace(gpu_memory_utilization=0.99), SHAPE, {"output_throughput": 10.0},
                                concurrency=1, source="src")])
+
+
+# ---- physical bounds and what an Untrusted fit says ------------------------------------------------------
+
+WRONG = ServeConfig(model="Llama-3.1-70B", gpu="H100", max_num_seqs=256, max_model_len=4096, tensor_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def eight_b_runs() -> list[tuple[int, dict[str, float]]]:
+    truth = ServeConfig(model=L8, gpu="H100", max_num_seqs=256, max_model_len=4096)
+    shape = Shape(1024, 128, "uniform", 0.1)
+    out = []
+    for c in (4, 16, 64):
+        raw = simulate(Observation(truth, shape, {}, concurrency=c, window_s=30), TwinParams(), seed=1)
+        out.append((c, {k: raw[k] for k in ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_e2el_ms")}))
+    return out
+
+
+def test_an_8b_deployments_files_calibrated_as_70b_are_untrusted_at_the_bandwidth_bound(eight_b_runs) -> None:  # noqa: ANN001
+    from batchtune.twin.fit import MAX_BANDWIDTH_EFFICIENCY, MAX_COMPUTE_EFFICIENCY
+
+    shape = Shape(1024, 128, "uniform", 0.1)
+    honest = calibrate([Observation(WRONG.replace(model=L8, tensor_parallel_size=1), shape, m, concurrency=c,
+                                    window_s=30, source=f"c{c}") for c, m in eight_b_runs])
+    wrong = calibrate([Observation(WRONG, shape, m, concurrency=c, window_s=30, source=f"c{c}")
+                       for c, m in eight_b_runs])
+    assert honest.trusted, honest.reason
+    assert not wrong.trusted
+    gpu = WRONG.gpu
+    # never above the device's peak, however much faster the measurements are
+    assert gpu.eta_bw * wrong.params.bw_scale <= MAX_BANDWIDTH_EFFICIENCY + 1e-9
+    assert gpu.eta_flops * wrong.params.flops_scale <= MAX_COMPUTE_EFFICIENCY + 1e-9
+    assert wrong.rms_log_error() > honest.rms_log_error()  # a better fit than the honest one is no longer possible
+    assert {(b.name, b.side) for b in wrong.bounds} >= {("bw_scale", "upper")}
+    assert "memory bandwidth 95% of H100-SXM" in wrong.reason and "a smaller model" in wrong.reason
+    assert "--tensor-parallel-size" in wrong.reason and "--quantization" in wrong.reason
+
+
+def test_compute_is_bounded_when_a_ttft_cannot_be_reproduced() -> None:
+    from batchtune.twin.fit import MAX_COMPUTE_EFFICIENCY
+
+    obs = measure(TwinParams(), CFG, 10.0)
+    fast = dict(obs.metrics, p95_ttft_ms=obs.metrics["p95_ttft_ms"] * 0.1)  # prompts ten times faster than physics
+    result = calibrate([Observation(CFG, SHAPE, fast, rate=10.0, window_s=60, source="fast")])
+    assert CFG.gpu.eta_flops * result.params.flops_scale <= MAX_COMPUTE_EFFICIENCY + 1e-9
+    assert not result.trusted
+    assert "p95_ttft_ms" in result.reason
+
+
+def test_a_kv_pool_larger_than_the_gpu_leaves_contradicts_the_inputs() -> None:
+    obs = measure(TwinParams(), CFG, 10.0)
+    impossible = Observation(CFG, SHAPE, obs.metrics, rate=10.0, window_s=60, source="big-pool",
+                             kv_pool_tokens=2 * plan_memory(CFG).kv_cache_tokens)
+    result = calibrate([impossible])
+    assert not result.trusted
+    assert result.contradictions and "big-pool: the measured KV pool" in result.reason
+    assert "not the one measured" in result.reason
+    # the same measurement with its real pool is trusted
+    assert calibrate([obs]).trusted

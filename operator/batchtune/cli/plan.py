@@ -2,8 +2,10 @@
 and the strategy's first asks, offline (no cluster).
 
 Give `--target DEPLOYMENT.yaml` to read the production container's vLLM flags (max-model-len,
-chunked prefill, its own max-num-batched-tokens) as a running operator would.
-Exit 0 with a plan, 1 on invalid input or an empty plan.
+chunked prefill, its own max-num-batched-tokens) as a running operator would, and `--gpu PRODUCT` (the
+nodes' `nvidia.com/gpu.product` label, or a twin catalog name) to run the operator's memory prefilter
+(`twin.prefilter.memory_fit`): the settings it would prune before anything runs, with vLLM's reason.
+Exit 0 with a plan, 1 on invalid input, an unknown GPU or an empty plan.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         help="a YAML file with one or more BatchTunings; repeatable")
     parser.add_argument("--target", metavar="FILE", default=None,
                         help="the target Deployment as YAML, to take engine limits from its vLLM flags")
+    parser.add_argument("--gpu", metavar="PRODUCT", default=None,
+                        help="the GPU (nvidia.com/gpu.product label or catalog name): prune what does not fit its "
+                             "memory, as the operator's prefilter does (needs --target for the model)")
     parser.add_argument("--asks", type=int, default=None, metavar="N",
                         help="how many first asks to show (default: maxParallelTrials, at least 3)")
     parser.set_defaults(func=run)
@@ -58,6 +63,10 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
 
     console = Console(highlight=False)
     status = 0
+    if args.gpu and not args.target:
+        print("--gpu needs --target: the memory prefilter sizes the target's model, parallelism and quantization",
+              file=sys.stderr)
+        return 1
     for name in args.files:
         try:
             tunings = load_file(name)
@@ -104,7 +113,19 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
             def invariant(setting: Setting, engine: Engine = engine, limits: EngineLimits = limits) -> str | None:
                 return engine.invariant_violation(setting, limits)
 
-            plan = plan_candidates(space, invariant, limits=limits)
+            fits = None
+            if args.gpu:
+                from batchtune.twin.catalog import UnknownGpu, gpu_from_product_label
+                from batchtune.twin.prefilter import memory_fit
+
+                try:
+                    gpu_from_product_label(args.gpu)
+                except UnknownGpu as exc:
+                    print(f"--gpu: {safe(exc)}", file=sys.stderr)
+                    return 1
+                fits, prefilter_note = memory_fit(engine, invocation, args.gpu)
+                console.print(text(f"{prefilter_note} (--gpu {args.gpu})"))
+            plan = plan_candidates(space, invariant, fits, limits=limits)
             extra = list(spec.search_space.extra_args or [])
             table = Table(title=text(f"{title}: {len(plan.candidates)} candidate(s)"))
             table.add_column("#", justify="right")

@@ -514,6 +514,9 @@ def twin_table(bt: Mapping[str, Any]) -> Any | None:
                          f"  calibrated on {_count(twin.get('observations'))} load step(s)",
                          f"  {_count(twin.get('ranked'))} candidates ranked in {fmt(twin.get('searchSeconds'), 1)} s")
     lines: list[Any] = [head]
+    if twin.get("mode") == "measure" and verdict == "Untrusted":
+        lines.append(text("  The calibration is Untrusted: the twin does not steer, trials are chosen by measuring "
+                          "(Adaptive) until a recalibration is Trusted", "red"))
     if twin.get("reason"):
         lines.append(text(f"  {twin['reason']}", "dim"))
     parameters = twin.get("parameters") or {}

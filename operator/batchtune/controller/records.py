@@ -266,8 +266,8 @@ def write_agreements(trials: Sequence[TrialRecord], fresh: TwinAdvice) -> None:
 
 
 def prediction(advice: TwinAdvice, setting: CoreSetting) -> TrialPrediction | None:
-    """The record a trial launched on the advice carries."""
-    found = advice.predicted(setting)
+    """The record a trial launched on the advice carries (none while the calibration is Untrusted)."""
+    found = advice.launch_prediction(setting)
     if found is None:
         return None
     return TrialPrediction(objective=max(0.0, found.objective), capacity_load=found.capacity_load,

@@ -89,6 +89,12 @@ class TwinAdvice:
     def predicted(self, setting: Setting) -> Predicted | None:
         return next((p for p in self.ranked if p.setting == setting), None)
 
+    def launch_prediction(self, setting: Setting) -> Predicted | None:
+        """The prediction a trial of this setting is launched on (its load search starts at the predicted
+        capacity, its first step is checked against it): none from an Untrusted calibration, which must not
+        steer even the load."""
+        return self.predicted(setting) if self.available and self.trusted else None
+
 
 def truncated(advice: TwinAdvice, keep: Sequence[Setting], top: int = KEPT_PREDICTIONS) -> TwinAdvice:
     """The advice with its `top` best predictions and those of the `keep` settings (the measured ones, which

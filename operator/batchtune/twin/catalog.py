@@ -104,6 +104,8 @@ class ModelSpec:
     """Default context length (max_position_embeddings) vLLM derives when --max-model-len is unset."""
     tied_embeddings: bool = False
     aliases: tuple[str, ...] = ()
+    placeholder: bool = False
+    """A model the catalog does not have (a generic step-time model stands in): no architecture to check."""
 
     @property
     def params(self) -> float:

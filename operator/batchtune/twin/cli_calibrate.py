@@ -4,8 +4,11 @@
 
 The vLLM serve flags (`--max-num-seqs`, `--tensor-parallel-size`, `--quantization`, `--max-model-len`,
 ...; vLLM's own spellings, read by the engine adapter's grammar) say how the measured server ran.
+`--metrics FILE` (a `curl /metrics` scrape or the engine's startup log) or `--kv-pool-tokens N` gives the
+engine's KV pool, `--random-range-ratio R` how the random dataset spread the lengths (docs/twin.md).
 The result (`-o json`) is a calibration document that `batchtune twin predict --calibration FILE`
-reads. Exit 0 with a Trusted or Untrusted verdict, 2 on bad input (the file and key named).
+reads. Exit 0 with a Trusted verdict, 1 with an Untrusted one (the document is still written;
+`--allow-untrusted` exits 0), 2 on bad input (the file and key named).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from batchtune.twin.catalog import GpuSpec, ModelSpec
     from batchtune.twin.config import ServeConfig
-    from batchtune.twin.fit import Calibration
+    from batchtune.twin.fit import Calibration, Observation
     from batchtune.twin.params import TwinParams
 
 DOCUMENT_KIND = "batchtune.io/twin-calibration"
@@ -39,6 +44,16 @@ def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--gpu", required=True, help="GPU name or nvidia.com/gpu.product label; unknown: generic fit")
     p.add_argument("--observations", nargs="+", required=True, metavar="FILE",
                    help="vllm bench serve --save-result JSON files (an object, a list of objects, or JSON lines)")
+    p.add_argument("--metrics", default=None, metavar="FILE",
+                   help="the measured server's KV pool: a `curl /metrics` scrape (vllm:cache_config_info) or its "
+                        "startup log (\"KV cache size: N tokens\")")
+    p.add_argument("--kv-pool-tokens", type=int, default=None, metavar="N",
+                   help="the measured server's KV pool in tokens (vllm:cache_config_info's kv_cache_size_tokens)")
+    p.add_argument("--random-range-ratio", default=None, metavar="R",
+                   help="the --random-range-ratio the runs used (a number, or '{\"input\": r, \"output\": r}'); "
+                        "per-request lengths (--save-detailed) and --metadata random_range_ratio=R win")
+    p.add_argument("--allow-untrusted", action="store_true",
+                   help="exit 0 on an Untrusted verdict too (the document says Untrusted either way)")
     p.add_argument("--generic", action="store_true", help="fit the generic step-time model even for catalog entries")
     p.add_argument("--catalog", default=None, help="YAML file with extra GPUs/models")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulations behind the residuals")
@@ -55,7 +70,8 @@ def resolve(model: str, gpu: str, max_model_len: int | None) -> tuple[ModelSpec,
     try:
         model_spec = get_model(model)
     except UnknownModel:
-        model_spec = ModelSpec(model, (model,), 1.0, 1, 64, 1, 1, 64, 64, 1024, max_model_len or 131072)
+        model_spec = ModelSpec(model, (model,), 1.0, 1, 64, 1, 1, 64, 64, 1024, max_model_len or 131072,
+                               placeholder=True)
         notes.append(f"model {model!r} is not in the catalog: a generic step-time model stands in for its physics")
     try:
         gpu_spec = get_gpu(gpu)
@@ -104,40 +120,80 @@ def _run(args: argparse.Namespace) -> int:
     from batchtune.terminal import safe
     from batchtune.twin.catalog import load_custom_catalog
     from batchtune.twin.fit import calibrate
-    from batchtune.twin.observations import ObservationError, load_observations
+    from batchtune.twin.observations import Inputs, ObservationError, kv_pool_from_file, load_all, parse_range_ratio
 
     try:
         if args.catalog:
             load_custom_catalog(args.catalog)
         cfg, generic, notes = serve_config(args.model, args.gpu, list(getattr(args, "extra", []) or []))
-    except (ValueError, KeyError) as exc:
+        if args.metrics and args.kv_pool_tokens is not None:
+            raise ValueError("--metrics and --kv-pool-tokens both give the KV pool: give one")
+        pool, pool_note = args.kv_pool_tokens, "KV pool from --kv-pool-tokens"
+        if args.metrics:
+            pool, pool_note = kv_pool_from_file(args.metrics, cfg)
+        if pool is not None and pool < 1:
+            raise ValueError(f"--kv-pool-tokens is {pool}; expected a positive number of tokens")
+        ratio = parse_range_ratio(args.random_range_ratio, "--random-range-ratio") \
+            if args.random_range_ratio is not None else None
+        inputs = Inputs(pool, pool_note if pool is not None else "", ratio)
+        observations = load_all(args.observations, cfg, inputs)
+    except (ValueError, KeyError) as exc:  # ObservationError is a ValueError
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 2
-    observations = []
+    if pool is not None:
+        notes.append(pool_note if any(o.kv_pool_tokens == pool for o in observations) else
+                     f"{pool_note}: no result was served at the command line's setting, so it was not used")
     try:
-        for path in args.observations:
-            observations.extend(load_observations(path, cfg))
+        calibration = calibrate(observations, generic=generic or args.generic, seed=args.seed)
     except ObservationError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 2
-    try:
-        calibration = calibrate(observations, generic=generic or args.generic, seed=args.seed)
     except ValueError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 2
     document = calibration_document(calibration, cfg, args.model, args.gpu, [*notes, *calibration.notes],
-                                    [o.source for o in observations])
+                                    [o.source for o in observations], observations)
     if args.output == "json":
         print(json.dumps(document, indent=2))
     else:
         _print_table(document)
+    if not calibration.trusted:
+        hint = "" if args.allow_untrusted else " (exit 1; --allow-untrusted to exit 0)"
+        print(f"Untrusted: {safe(calibration.reason)}{hint}", file=sys.stderr)
+        return 0 if args.allow_untrusted else 1
     return 0
 
 
+STATISTICS = {
+    "itl": "the gap between consecutive tokens of a request (vllm bench serve's ITL; its median is a decode-only "
+           "step; genai-perf and NIM tables call the per-request mean below \"ITL\")",
+    "tpot": "a request's mean time per output token after the first (vllm bench serve's TPOT)",
+    "ttft": "time to the first token, as the client saw it",
+    "e2el": "a request's end-to-end latency, as the client saw it",
+    "throughput": "output tokens (or requests) per second over the run",
+    "running": "the engine's mean running batch (vllm:num_requests_running)",
+}
+
+
+def fitted_statistics(calibration: Calibration) -> dict[str, Any]:
+    """Which statistic of each family the fit compared (the file's keys), and what it measures."""
+    from batchtune.twin.fit import family_of
+
+    keys: dict[str, set[str]] = {}
+    for r in calibration.residuals:
+        keys.setdefault(family_of(r.key), set()).add(r.key)
+    return {family: {"keys": sorted(found), "meaning": STATISTICS.get(family, "")} for family, found in keys.items()}
+
+
 def calibration_document(calibration: Calibration, cfg: ServeConfig, model: str, gpu: str, notes: list[str],
-                         sources: list[str]) -> dict[str, Any]:
+                         sources: list[str], observations: Sequence[Observation] = ()) -> dict[str, Any]:
     """The calibration as JSON: what was fitted, how well, and whether to trust it."""
-    from batchtune.twin.fit import TOLERANCE
+    from batchtune.twin.fit import (
+        MAX_BANDWIDTH_EFFICIENCY,
+        MAX_COMPUTE_EFFICIENCY,
+        OVERHEAD_BOUNDS,
+        TOLERANCE,
+    )
 
     params = calibration.params
     effective: dict[str, Any] = {}
@@ -154,7 +210,11 @@ def calibration_document(calibration: Calibration, cfg: ServeConfig, model: str,
             "responsePathMs": round(params.response_path_s * 1000, 3),
             "memoryOffsetGiB": params.memory_offset_gib,
         }
-    elif params.generic is not None:
+        physical = {"maxBandwidthEfficiency": MAX_BANDWIDTH_EFFICIENCY, "maxComputeEfficiency": MAX_COMPUTE_EFFICIENCY,
+                    **{f"{k.removesuffix('_s')}Seconds": list(v) for k, v in OVERHEAD_BOUNDS.items()}}
+    else:
+        physical = {}
+    if calibration.kind != "catalog" and params.generic is not None:
         effective = {"fixedMs": round(params.generic.fixed_s * 1000, 4),
                      "perSequenceUs": round(params.generic.per_seq_s * 1e6, 3),
                      "perTokenUs": round(params.generic.per_token_s * 1e6, 4),
@@ -177,10 +237,18 @@ def calibration_document(calibration: Calibration, cfg: ServeConfig, model: str,
         "effective": effective,
         "observations": calibration.observations,
         "sources": sources,
+        "kvPoolTokens": sorted({o.kv_pool_tokens for o in observations if o.kv_pool_tokens}),
+        "lengths": [{"source": o.source, "inputLen": round(o.shape.input_len, 2), "outputLen": round(o.shape.output_len, 2),
+                     "simulated": o.shape.length_dist if o.shape.length_dist == "fixed" else
+                     f"uniform +-{o.shape.range_ratio:.0%} in, +-{o.shape.output_ratio:.0%} out"} for o in observations],
+        "statistics": fitted_statistics(calibration),
         "residuals": [r.as_dict() for r in calibration.residuals],
         "rmsLogError": round(rms, 4) if math.isfinite(rms) else None,
         "verdict": calibration.verdict,
         "reason": calibration.reason,
+        "physicalBounds": physical,
+        "atPhysicalBound": [b.as_dict() for b in calibration.bounds],
+        "contradictions": list(calibration.contradictions),
         "tolerancePercent": {k: round(v * 100) for k, v in TOLERANCE.items()},
         "notes": notes,
         "fitSeconds": round(calibration.fit_seconds, 2),

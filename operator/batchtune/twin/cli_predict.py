@@ -32,12 +32,19 @@ def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     load.add_argument("--concurrency", type=int, help="closed-loop client concurrency")
     load.add_argument("--rate", type=float, help="Poisson request rate (req/s); 'inf' needs --num-prompts")
     p.add_argument("--num-prompts", type=int, default=None, help="bench mode: exactly N requests, whole run measured")
-    p.add_argument("--length-dist", choices=("fixed", "uniform", "exponential"), default="fixed")
+    p.add_argument("--length-dist", choices=("fixed", "uniform", "exponential"), default=None,
+                   help="how lengths spread (default: a closed loop uniform +-10%%, as no real client stays in "
+                        "step with fixed lengths; an open loop fixed)")
+    p.add_argument("--range-ratio", type=float, default=None, metavar="R",
+                   help="uniform lengths in [L(1-R), L(1+R)] (vllm bench serve's --random-range-ratio)")
     p.add_argument("--duration", type=float, default=60.0, help="measured window in seconds (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--catalog", default=None, help="YAML file with extra GPUs/models")
     p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="a deployment's fitted parameters (`batchtune twin calibrate -o json`)")
+                   help="a deployment's fitted parameters (`batchtune twin calibrate -o json`); an Untrusted one "
+                        "is refused unless --allow-untrusted")
+    p.add_argument("--allow-untrusted", action="store_true",
+                   help="use a calibration whose verdict is Untrusted (its predictions miss its own measurements)")
     p.add_argument("-o", "--output", choices=("json", "table"), default="table")
     p.set_defaults(func=_run)
 
@@ -56,7 +63,12 @@ def _run(args: argparse.Namespace) -> int:
         model: object = args.model
         gpu: object = args.gpu
         if args.calibration:
-            params, _ = calibration_params(args.calibration, args.model, args.gpu)
+            params, document = calibration_params(args.calibration, args.model, args.gpu)
+            if document.get("verdict") != "Trusted" and not args.allow_untrusted:
+                raise ValueError(
+                    f"{args.calibration}: the calibration's verdict is {document.get('verdict')!r}, not 'Trusted' "
+                    f"({str(document.get('reason') or 'no reason given')[:600]}): its predictions miss the "
+                    "measurements it was fitted on; fix the inputs and recalibrate, or --allow-untrusted")
             if params.generic is not None:
                 model, gpu, _ = resolve(args.model, args.gpu, args.max_model_len)
         cfg = ServeConfig(
@@ -65,12 +77,16 @@ def _run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, model_id=args.model)
         workload = Workload(args.input_len, args.output_len, concurrency=args.concurrency, request_rate=args.rate,
-                            length_dist=args.length_dist, num_prompts=args.num_prompts)
+                            num_prompts=args.num_prompts, **length_spread(args.length_dist, args.range_ratio,
+                                                                          closed=args.concurrency is not None))
     except (UnknownGpu, UnknownModel, ValueError) as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 2
     prediction = predict(cfg, workload, args.duration, seed=args.seed, params=params)
     data = prediction.as_dict()
+    data["length_dist"] = workload.length_dist
+    if workload.length_dist == "uniform":
+        data["random_range_ratio"] = workload.range_ratio
     if args.output == "json":
         print(json.dumps(data, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v))
     else:
@@ -82,6 +98,22 @@ def _run(args: argparse.Namespace) -> int:
         print(prediction.runtime_error, file=sys.stderr)
         return 1
     return 0
+
+
+def length_spread(dist: str | None, ratio: float | None, closed: bool) -> dict[str, Any]:
+    """Workload keywords for the lengths asked: a closed loop without a choice spreads them by the calibration's
+    floor (`observations.CLOSED_LOOP_MIN_SPREAD`), so its clients do not fall into step."""
+    from batchtune.twin.observations import CLOSED_LOOP_MIN_SPREAD
+
+    if ratio is not None and not 0 <= ratio < 1:
+        raise ValueError(f"--range-ratio must be in [0, 1), got {ratio}")
+    if dist is None:
+        dist = "uniform" if ratio is not None or closed else "fixed"
+    if dist == "uniform":
+        return {"length_dist": "uniform", "range_ratio": CLOSED_LOOP_MIN_SPREAD if ratio is None else ratio}
+    if ratio is not None:
+        raise ValueError(f"--range-ratio applies to --length-dist uniform, not {dist}")
+    return {"length_dist": dist}
 
 
 def _print_table(prediction: Prediction, data: dict[str, Any]) -> None:

@@ -50,6 +50,21 @@ PHYSICS_PARAMETERS: tuple[tuple[str, float], ...] = (
     ("bw_scale", 0.2), ("flops_scale", 0.3), ("step_overhead_s", 1.2), ("seq_overhead_s", 1.2),
     ("layer_floor_s", 0.5), ("response_path_s", 0.8),
 )
+# Physical bounds. No kernel streams memory faster than ~95 % of the datasheet bandwidth, nor sustains more than
+# ~90 % of the dense datasheet FLOP/s (published achieved figures: eta_bw 0.7-0.9, eta_f 0.5-0.8; R14); a fit
+# that needs more describes another model, GPU, parallelism or quantization than the one given. The overheads
+# are bounded to what a CPU step, a sequence's bookkeeping, a kernel launch and a client's path can cost.
+MAX_BANDWIDTH_EFFICIENCY = 0.95
+MAX_COMPUTE_EFFICIENCY = 0.90
+MIN_EFFICIENCY = 0.02
+"""Below 2 % of the datasheet: not a slower kernel but another device or model."""
+OVERHEAD_BOUNDS: dict[str, tuple[float, float]] = {
+    "step_overhead_s": (20e-6, 0.25), "seq_overhead_s": (0.02e-6, 5e-3), "layer_floor_s": (0.5e-6, 2e-3),
+    "response_path_s": (0.1e-3, 2.0),
+}
+MEMORY_SLACK_GIB = 0.25
+"""A measured KV pool may exceed what the memory model leaves beside the weights by this much (rounding, the
+profile's estimate) before it contradicts the model, GPU, parallelism or quantization given."""
 GENERIC_PRIOR_WIDTH = 3.0
 SPACE_MAPPING_ROUNDS = 3
 MEASUREMENT_SIGMA = 0.08
@@ -84,6 +99,8 @@ class Observation:
     """The engine's KV pool (blocks x block size), where it was read."""
     source: str = ""
     """Where it came from (a file and index, a trial and step), for residuals and errors."""
+    notes: tuple[str, ...] = ()
+    """What reading it assumed or corrected (a length spread, a statistic pasted twice), for the calibration's notes."""
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -167,11 +184,16 @@ class Calibration:
     observations: int
     notes: tuple[str, ...] = ()
     fit_seconds: float = 0.0
+    bounds: tuple[Bound, ...] = ()
+    """Parameters the fit left at a physical bound (it wanted to go further)."""
+    contradictions: tuple[str, ...] = ()
+    """Measurements no setting of the inputs given can produce (a KV pool larger than the memory left beside
+    the weights): Untrusted whatever the residuals, with the likely wrong input named."""
 
     @property
     def trusted(self) -> bool:
         deciding = [r for r in self.residuals if r.decides]
-        return bool(deciding) and all(r.within for r in deciding)
+        return bool(deciding) and all(r.within for r in deciding) and not self.contradictions
 
     @property
     def verdict(self) -> str:
@@ -193,11 +215,38 @@ class Calibration:
             return f"every residual within its tolerance; the largest relative to it: {what}"
         deciding = [r for r in self.residuals if r.decides]
         misses = sum(not r.within for r in deciding)
-        return f"{misses} of {len(deciding)} residuals outside their tolerance; worst: {what}"
+        parts = [f"{misses} of {len(deciding)} residuals outside their tolerance; worst: {what}" if misses else
+                 f"every residual within its tolerance (the largest relative to it: {what})"]
+        parts.extend(self.contradictions)
+        if misses:
+            parts.extend(b.explain() for b in self.bounds)
+        return "; ".join(parts)
 
     def rms_log_error(self) -> float:
         errors = [math.log1p(r.error) for r in self.residuals if math.isfinite(r.error) and r.error > -1]
         return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else math.inf
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A fitted parameter held at its physical bound: what the measurements wanted, and the likely cause."""
+
+    name: str
+    side: str
+    """"upper" or "lower"."""
+    value: float
+    """The parameter at the bound (effective: efficiency of peak, or seconds)."""
+    meaning: str
+    """What the bound is, in words."""
+    cause: str
+    """The input most likely wrong when a fit needs to go past it."""
+
+    def explain(self) -> str:
+        return f"held at its physical bound ({self.meaning}): {self.cause}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"parameter": self.name, "side": self.side, "value": _round(self.value), "meaning": self.meaning,
+                "likelyCause": self.cause}
 
 
 def _residual(source: str, key: str, measured: float, predicted: float | None,
@@ -304,7 +353,8 @@ def simulate(obs: Observation, params: TwinParams, seed: int = 0) -> dict[str, f
                         concurrency=None if obs.concurrency is None else max(1, round(obs.concurrency)),
                         request_rate=obs.rate, num_prompts=obs.num_prompts,
                         length_dist=cast(LengthDist, shape.length_dist), range_ratio=shape.range_ratio,
-                        output_dist=cast("LengthDist | None", shape.output_dist))
+                        output_dist=cast("LengthDist | None", shape.output_dist),
+                        output_range_ratio=shape.output_range_ratio)
     window = SIM_WINDOW_CAP_S * 4 if obs.num_prompts else min(SIM_WINDOW_CAP_S, max(5.0, obs.window_s))
     prediction = predict(obs.cfg, workload, window, seed=seed, params=params)
     if not prediction.ok:
@@ -352,17 +402,27 @@ def calibrate(observations: Sequence[Observation], *, generic: bool | None = Non
                              f"start ({exc.message[:300]}), yet it was measured: check the serving flags given "
                              "(--gpu-memory-utilization, --max-model-len, --tensor-parallel-size, --quantization)"
                              ) from None
-    params = _fit_memory(obs, base, notes, is_generic)
-    vector: _Vector = _GenericVector(obs, params) if is_generic else _PhysicsVector(params)
-    params, simulated = _fit(obs, params, vector, seed)
+    for o in obs:
+        notes.extend(n for n in o.notes if n not in notes)
+    contradictions: list[str] = []
+    params = _fit_memory(obs, base, notes, is_generic, contradictions)
+    vector: _Vector = _GenericVector(obs, params) if is_generic else _PhysicsVector(params, obs[0].cfg)
+    params, simulated, x = _fit(obs, params, vector, seed)
     kind = "generic" if is_generic else "catalog"
     res = [_residual(o.label(), key, value, sim.get(key), limits)
            for o, sim in zip(obs, simulated, strict=True) for key, value in targets(o).items()]
-    return Calibration(params, kind, tuple(res), len(obs), tuple(notes), time.monotonic() - started)
+    bounds = vector.at_bounds(x)
+    notes.extend(f"{b.name} {b.explain()}" for b in bounds)
+    return Calibration(params, kind, tuple(res), len(obs), tuple(notes), time.monotonic() - started,
+                       tuple(bounds), tuple(contradictions))
 
 
-def _fit_memory(obs: Sequence[Observation], base: TwinParams, notes: list[str], generic: bool) -> TwinParams:
-    """The memory outside the KV pool, from the pools the engine reported (exact where measured)."""
+def _fit_memory(obs: Sequence[Observation], base: TwinParams, notes: list[str], generic: bool,
+                contradictions: list[str]) -> TwinParams:
+    """The memory outside the KV pool, from the pools the engine reported (exact where measured).
+
+    A pool larger than the memory the setting leaves beside the weights cannot be: the model, the GPU, the
+    parallelism, the quantization or the KV-cache dtype given is not the one measured (`contradictions`)."""
     pools = [(o, o.kv_pool_tokens) for o in obs if o.kv_pool_tokens]
     if not pools:
         return base
@@ -376,7 +436,19 @@ def _fit_memory(obs: Sequence[Observation], base: TwinParams, notes: list[str], 
             plan = plan_memory(o.cfg, base.replace(memory_offset_gib=0.0))
         except StartupFailure:
             continue
-        offsets.append((plan.kv_cache_gib * GIB - float(tokens or 0) * plan.kv_bytes_per_token) / GIB)
+        offset = (plan.kv_cache_gib * GIB - float(tokens or 0) * plan.kv_bytes_per_token) / GIB
+        others = plan.activation_gib + plan.non_torch_gib + plan.cudagraph_gib
+        if offset < -(others + MEMORY_SLACK_GIB) and not contradictions:
+            cfg = o.cfg
+            pool_gib = float(tokens or 0) * plan.kv_bytes_per_token / GIB
+            contradictions.append(
+                f"{o.source or 'a measurement'}: the measured KV pool ({tokens} tokens, {pool_gib:.2f} GiB at "
+                f"{plan.kv_bytes_per_token} bytes a token) is larger than the {plan.requested_gib - plan.weights_gib:.2f}"
+                f" GiB that --gpu-memory-utilization {cfg.gpu_memory_utilization:g} of {cfg.gpu.name} leaves beside "
+                f"{cfg.model.name}'s weights ({plan.weights_gib:.2f} GiB a GPU at --tensor-parallel-size "
+                f"{cfg.tensor_parallel_size}): the model, GPU, --tensor-parallel-size, --quantization or "
+                "--kv-cache-dtype given is not the one measured")
+        offsets.append(offset)
     if not offsets:
         return base
     offset = float(np.median(offsets))
@@ -386,24 +458,91 @@ def _fit_memory(obs: Sequence[Observation], base: TwinParams, notes: list[str], 
 
 
 class _Vector:
-    """A parameter vector in log space with a Gaussian prior, mapped to TwinParams."""
+    """A parameter vector in log space with a Gaussian prior and bounds, mapped to TwinParams."""
 
     x0: np.ndarray
     sigma: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
 
     def params(self, x: np.ndarray) -> TwinParams:
         raise NotImplementedError
 
+    def at_bounds(self, x: np.ndarray) -> list[Bound]:
+        return []
+
 
 class _PhysicsVector(_Vector):
-    def __init__(self, base: TwinParams):
+    """The catalog's physics: efficiencies bounded by the device's peak, overheads by what they can cost."""
+
+    def __init__(self, base: TwinParams, cfg: ServeConfig):
         self.base = base
+        self.cfg = cfg
         self.names = [n for n, _ in PHYSICS_PARAMETERS]
-        self.x0 = np.log([float(getattr(base, n)) for n in self.names])
+        gpu = cfg.gpu
+        limits = {"bw_scale": (MIN_EFFICIENCY / gpu.eta_bw, MAX_BANDWIDTH_EFFICIENCY / gpu.eta_bw),
+                  "flops_scale": (MIN_EFFICIENCY / gpu.eta_flops, MAX_COMPUTE_EFFICIENCY / gpu.eta_flops),
+                  **OVERHEAD_BOUNDS}
+        self.lo = np.log([limits[n][0] for n in self.names])
+        self.hi = np.log([limits[n][1] for n in self.names])
+        start = [min(max(float(getattr(base, n)), limits[n][0]), limits[n][1]) for n in self.names]
+        self.x0 = np.log(start)
         self.sigma = np.array([w for _, w in PHYSICS_PARAMETERS])
 
     def params(self, x: np.ndarray) -> TwinParams:
+        x = np.clip(x, self.lo, self.hi)
         return self.base.replace(**{n: float(math.exp(v)) for n, v in zip(self.names, x, strict=True)})
+
+    def at_bounds(self, x: np.ndarray) -> list[Bound]:
+        out = []
+        for j, name in enumerate(self.names):
+            if x[j] >= self.hi[j] - 1e-3:
+                out.append(self._bound(name, "upper", float(math.exp(self.hi[j]))))
+            elif x[j] <= self.lo[j] + 1e-3:
+                out.append(self._bound(name, "lower", float(math.exp(self.lo[j]))))
+        return out
+
+    def _bound(self, name: str, side: str, value: float) -> Bound:
+        cfg, gpu = self.cfg, self.cfg.gpu
+        model = f"{cfg.model.name} (--tensor-parallel-size {cfg.tensor_parallel_size}" + (
+            f", --quantization {cfg.quantization})" if cfg.quantization else ")")
+        if name == "bw_scale":
+            eff = value * gpu.eta_bw
+            if side == "upper":
+                return Bound(name, side, eff, f"memory bandwidth {eff:.0%} of {gpu.name}'s {gpu.bandwidth_gbps:g} GB/s",
+                             f"the measured server decodes faster than {gpu.name} can stream the weights and KV cache "
+                             f"of {model}: a smaller model, quantized weights (--quantization), a larger "
+                             "--tensor-parallel-size or a faster GPU than given?")
+            return Bound(name, side, eff, f"memory bandwidth {eff:.0%} of {gpu.name}'s peak",
+                         f"the measured server decodes slower than any kernel on {gpu.name} would stream {model}: a "
+                         "larger model, a smaller --tensor-parallel-size, a slower GPU than given, or a GPU shared "
+                         "with other work?")
+        if name == "flops_scale":
+            peak = gpu.peak_tflops(cfg.fp8_compute)
+            eff = value * gpu.eta_flops
+            if side == "upper":
+                return Bound(name, side, eff, f"compute {eff:.0%} of {gpu.name}'s {peak:g} TFLOP/s",
+                             f"prompts are processed faster than {gpu.name}'s tensor cores allow for {model}: a "
+                             "smaller model, FP8 compute (--quantization fp8), a larger --tensor-parallel-size, or "
+                             "prefix caching (prompts that share a prefix are not recomputed)? Or the TTFT the file "
+                             "holds is not the engine's (measured elsewhere than the client)")
+            return Bound(name, side, eff, f"compute {eff:.0%} of {gpu.name}'s peak",
+                         f"prompts are processed slower than any kernel on {gpu.name} would for {model}: a larger "
+                         "model, another GPU, or TTFT that includes queueing outside the engine (a proxy, the "
+                         "client's own connection limit)?")
+        what = {"step_overhead_s": "CPU time per engine step", "seq_overhead_s": "CPU time per scheduled sequence",
+                "layer_floor_s": "kernel-latency floor per layer", "response_path_s": "response path to the client"}
+        if side == "upper":
+            cause = {"response_path_s": "TTFT and E2E include more than the engine and its API server: the client "
+                                        "(its event loop), the network or a proxy in between?",
+                     "layer_floor_s": "steps are slower than kernel launches explain: eager mode (--enforce-eager) "
+                                      "not given, or another model than given?",
+                     }.get(name, "steps cost more CPU than vLLM's scheduler does: a host shared with other work, "
+                                 "or another model or engine configuration than given?")
+        else:
+            cause = "the measurements want less than any real step costs: another (smaller) model or a faster GPU " \
+                    "than given?"
+        return Bound(name, side, value, f"{what[name]} {_seconds(value)} ({side} bound)", cause)
 
 
 class _GenericVector(_Vector):
@@ -432,6 +571,8 @@ class _GenericVector(_Vector):
             per_seq = max(float(coef[1]), 1e-6 * fixed)
         self.x0 = np.log([fixed, per_seq / 2, per_seq / 2, max(per_kv, 1e-12), base.response_path_s])
         self.sigma = np.array([GENERIC_PRIOR_WIDTH] * 4 + [1.5])
+        self.lo = np.full(self.x0.size, -np.inf)
+        self.hi = np.full(self.x0.size, np.inf)
 
     def params(self, x: np.ndarray) -> TwinParams:
         values = dict(zip(self.names, (float(math.exp(v)) for v in x[:4]), strict=True))
@@ -439,8 +580,8 @@ class _GenericVector(_Vector):
 
 
 def _fit(obs: Sequence[Observation], start: TwinParams, vector: _Vector, seed: int) -> tuple[
-        TwinParams, list[dict[str, float]]]:
-    """The fitted parameters and the event simulation of every observation with them."""
+        TwinParams, list[dict[str, float]], np.ndarray]:
+    """The fitted parameters, the event simulation of every observation with them, and the fitted vector."""
     models = _Models(obs, start)
     wanted = [targets(o) for o in obs]
     weights = [{k: math.sqrt(_weight(o, k)) for k in t} for o, t in zip(obs, wanted, strict=True)]
@@ -460,7 +601,7 @@ def _fit(obs: Sequence[Observation], start: TwinParams, vector: _Vector, seed: i
         out.extend((x - vector.x0) / vector.sigma)
         return np.asarray(out)
 
-    x = _levenberg_marquardt(residual, vector.x0.copy())
+    x = _levenberg_marquardt(residual, vector.x0.copy(), vector.lo, vector.hi)
     simulated: list[dict[str, float]] = []
     for _ in range(SPACE_MAPPING_ROUNDS):
         params = vector.params(x)
@@ -478,14 +619,17 @@ def _fit(obs: Sequence[Observation], start: TwinParams, vector: _Vector, seed: i
                     changed |= abs(math.log(ratio / (previous or 1.0))) > 0.02
                     correction[i][key] = ratio
         if not changed:
-            return params, simulated  # the simulations were run at these very parameters
-        x = _levenberg_marquardt(residual, x)
+            return params, simulated, x  # the simulations were run at these very parameters
+        x = _levenberg_marquardt(residual, x, vector.lo, vector.hi)
     params = vector.params(x)
-    return params, [simulate(o, params, seed) for o in obs]
+    return params, [simulate(o, params, seed) for o in obs], x
 
 
-def _levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], x: np.ndarray, iterations: int = 40,
-                         step: float = 1e-3) -> np.ndarray:
+def _levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], x: np.ndarray, lo: np.ndarray,
+                         hi: np.ndarray, iterations: int = 40, step: float = 1e-3) -> np.ndarray:
+    """Levenberg-Marquardt projected onto the box [lo, hi] (a parameter at a bound stays there while the
+    gradient pushes it out; a backward difference measures its slope there)."""
+    x = np.clip(x, lo, hi)
     r = residual(x)
     cost = float(r @ r)
     damping = 1e-2
@@ -493,19 +637,26 @@ def _levenberg_marquardt(residual: Callable[[np.ndarray], np.ndarray], x: np.nda
         jac = np.empty((r.size, x.size))
         for j in range(x.size):
             dx = x.copy()
-            dx[j] += step
-            jac[:, j] = (residual(dx) - r) / step
-        a = jac.T @ jac
+            sign = -1.0 if x[j] + step > hi[j] else 1.0
+            dx[j] += sign * step
+            jac[:, j] = sign * (residual(dx) - r) / step
         g = jac.T @ r
+        # A parameter at a bound that the gradient pushes out of the box is held there (the active set).
+        free = ~(((x >= hi - 1e-9) & (g < 0)) | ((x <= lo + 1e-9) & (g > 0)))
+        if not free.any():
+            break
+        a = jac[:, free].T @ jac[:, free]
         improved = False
         for _ in range(8):
+            delta = np.zeros_like(x)
             try:
-                delta = np.linalg.solve(a + damping * (np.diag(np.diag(a)) + 1e-9 * np.eye(x.size)), -g)
+                delta[free] = np.linalg.solve(a + damping * (np.diag(np.diag(a)) + 1e-9 * np.eye(a.shape[0])),
+                                              -g[free])
             except np.linalg.LinAlgError:
                 damping *= 10
                 continue
             delta = np.clip(delta, -1.0, 1.0)
-            candidate = x + delta
+            candidate = np.clip(x + delta, lo, hi)
             r_new = residual(candidate)
             new_cost = float(r_new @ r_new)
             if new_cost < cost:
@@ -569,6 +720,10 @@ def _round(value: float) -> float:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.3g} ms" if value >= 1e-3 else f"{value * 1e6:.3g} us"
 
 
 def _pct(error: float) -> str:

@@ -160,7 +160,7 @@ def check_config(cfg: ServeConfig) -> None:
             f"({cfg.max_model_len}). This effectively limits the maximum sequence length to "
             "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
             "max_num_batched_tokens or decrease max_model_len.")
-    if m.num_heads % cfg.tensor_parallel_size:
+    if not m.placeholder and m.num_heads % cfg.tensor_parallel_size:
         raise StartupFailure(
             f"Total number of attention heads ({m.num_heads}) must be divisible by tensor parallel size "
             f"({cfg.tensor_parallel_size}).")
@@ -196,7 +196,7 @@ def plan_memory(cfg: ServeConfig, params: TwinParams | None = None) -> MemoryPla
     if params.generic is not None:
         return _plan_generic(cfg, params)
     if cfg.gpu.is_cpu:
-        return _plan_cpu_memory(cfg)
+        return _plan_cpu_memory(cfg, params)
     total = cfg.gpu.memory_gib * GIB
     requested = total * cfg.gpu_memory_utilization
     free_at_start = total - CUDA_CONTEXT_GIB * GIB
@@ -265,12 +265,13 @@ def _plan_generic(cfg: ServeConfig, params: TwinParams) -> MemoryPlan:
         fb_used_mib=int(min(requested + CUDA_CONTEXT_GIB * GIB, total) / MIB), runtime_oom_tokens=None)
 
 
-def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
+def _plan_cpu_memory(cfg: ServeConfig, params: TwinParams) -> MemoryPlan:
     """vLLM's CPU worker (`cpu_worker.py`): gmu is the share of the NUMA node's memory reserved for the worker.
 
       requested = ceil(node total x gpu_memory_utilization), refused when above the node's available memory
       KV pool   = requested - the worker's resident memory (runtime + weights + activation peak)
-    Without VLLM_CPU_KVCACHE_SPACE (which the twin does not model); there are no CUDA graphs on CPU.
+    Without VLLM_CPU_KVCACHE_SPACE (which the twin does not model); there are no CUDA graphs on CPU. A
+    deployment's `memory_offset_gib` (fitted on a measured pool) adds to the worker's runtime.
     """
     total = cfg.gpu.memory_gib * GIB
     requested = float(math.ceil(total * cfg.gpu_memory_utilization))
@@ -283,8 +284,8 @@ def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
             "(despite its name). To resolve: decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization "
             "0.5`) or reduce CPU memory used by other processes.")
     weights = weight_bytes(cfg)
-    activation = activation_bytes(cfg, cfg.max_num_batched_tokens, cfg.max_num_seqs)
-    consumed = CPU_WORKER_BASE_GIB * GIB + weights + activation
+    activation = activation_bytes(cfg, cfg.max_num_batched_tokens, cfg.max_num_seqs) * params.activation_scale
+    consumed = (CPU_WORKER_BASE_GIB + params.memory_offset_gib) * GIB + weights + activation
     kv = int(requested - consumed)
     if kv <= 0 or kv > available:
         raise StartupFailure(
@@ -292,6 +293,8 @@ def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
             f"is less than requested memory for kv ({format_gib(kv)}/{format_gib(requested)} GiB). "
             "Reduce CPU memory used by other processes.")
     kv_per_token = cfg.kv_bytes_per_token
+    if params.kv_pool_tokens is not None:
+        kv = params.kv_pool_tokens * kv_per_token
     num_blocks = kv_blocks(cfg, kv)
     kv_tokens = num_blocks * cfg.block_size
     return MemoryPlan(
@@ -299,7 +302,7 @@ def _plan_cpu_memory(cfg: ServeConfig) -> MemoryPlan:
         requested_gib=requested / GIB,
         weights_gib=weights / GIB,
         activation_gib=activation / GIB,
-        non_torch_gib=CPU_WORKER_BASE_GIB,
+        non_torch_gib=CPU_WORKER_BASE_GIB + params.memory_offset_gib,
         cudagraph_gib=0.0,
         kv_cache_gib=kv / GIB,
         kv_bytes_per_token=kv_per_token,

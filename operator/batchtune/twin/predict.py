@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -43,6 +44,9 @@ class Workload:
     """For `uniform`: lengths drawn from [L(1-r), L(1+r)] (vllm's --random-range-ratio)."""
     output_dist: LengthDist | None = None
     """Distribution of output lengths when it differs from `length_dist` (e.g. EOS without --ignore-eos)."""
+    output_range_ratio: float | None = None
+    """The output's own range ratio for `uniform` (None: `range_ratio`; vLLM's --random-range-ratio
+    '{"input": r1, "output": r2}')."""
     num_prompts: int | None = None
     """Bench mode: send exactly this many requests and measure the whole run (no warm-up)."""
     warmup_s: float | None = None
@@ -64,8 +68,10 @@ class Workload:
             value = getattr(self, name)
             if value is not None and value not in ("fixed", "uniform", "exponential"):
                 raise ValueError(f"{name} must be fixed, uniform or exponential, got {value!r}")
-        if not 0 <= self.range_ratio < 1:
-            raise ValueError(f"range_ratio must be in [0, 1), got {self.range_ratio}")
+        for name in ("range_ratio", "output_range_ratio"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
 
 
 @dataclass(frozen=True)
@@ -117,20 +123,20 @@ class _LengthSampler:
     def __init__(self, wl: Workload, rng: random.Random, max_model_len: int):
         self.wl, self.rng, self.limit = wl, rng, max_model_len
 
-    def _draw(self, mean: int, dist: str) -> int:
-        wl = self.wl
+    def _draw(self, mean: int, dist: str, ratio: float) -> int:
         if dist == "fixed":
             return mean
         if dist == "uniform":
-            lo = max(1, int(mean * (1 - wl.range_ratio)))
-            hi = max(lo, int(mean * (1 + wl.range_ratio)))
+            lo = max(1, int(mean * (1 - ratio)))
+            hi = max(lo, int(mean * (1 + ratio)))
             return self.rng.randint(lo, hi)
         return max(1, int(self.rng.expovariate(1.0 / mean)))
 
     def __call__(self) -> tuple[int, int]:
         wl = self.wl
-        prompt = min(self._draw(wl.input_len, wl.length_dist), self.limit - 1)
-        output = min(self._draw(wl.output_len, wl.output_dist or wl.length_dist), self.limit - prompt)
+        out_ratio = wl.range_ratio if wl.output_range_ratio is None else wl.output_range_ratio
+        prompt = min(self._draw(wl.input_len, wl.length_dist, wl.range_ratio), self.limit - 1)
+        output = min(self._draw(wl.output_len, wl.output_dist or wl.length_dist, out_ratio), self.limit - prompt)
         return prompt, output
 
 
@@ -249,6 +255,8 @@ class _Simulation:
                 self._send(0.0)
         else:
             next_arrival = self.rng.expovariate(rate)
+        # A closed-loop client sends its next request once the last token reached it (the response path later).
+        replacements: deque[float] = deque()
         measuring = self.bench
         warmup = 0.0 if self.bench else wl.warmup_s
         if warmup is None and not closed:
@@ -265,12 +273,16 @@ class _Simulation:
             while next_arrival <= now and self._can_send():
                 self._send(next_arrival)
                 next_arrival += self.rng.expovariate(rate)
+            while replacements and replacements[0] <= now and self._can_send():
+                self._send(replacements.popleft())
             if not self._can_send():
                 next_arrival = math.inf
+                replacements.clear()
             if not eng.has_work():
-                if next_arrival == math.inf:
+                due = min(next_arrival, replacements[0] if replacements else math.inf)
+                if due == math.inf:
                     break
-                now = next_arrival
+                now = due
                 continue
             step = run(now)
             if step is None:
@@ -284,8 +296,8 @@ class _Simulation:
                 self._record(step, cost)
             for _ in step.finished:
                 self.completed_total += 1
-                if closed and self._can_send():
-                    self._send(t_end)
+                if closed:
+                    replacements.append(t_end + self.path_s)
             if warmup is None and self.completed_total >= turnover:
                 # closed-loop auto warm-up ends after one full turnover of the client pool
                 warmup = t_end

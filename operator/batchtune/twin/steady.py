@@ -5,7 +5,8 @@ Per step, in steady state at throughput X (requests/s) and mean step time tau:
     decode tokens   d = X (O - 1) tau            (each decoding request gets one token per step)
     prompt tokens   p = X I tau                  (token conservation; chunked by the budget left, T - d)
     tau             = mean of the decode-only and the prompt-carrying step times (the same `step_time`)
-Closed loop (C users): C = X (ingest + admission + life), life = (prefill steps + O - 1) tau; past the
+Closed loop (C users): C = X (response path + ingest + admission + life), life = (prefill steps + O - 1) tau
+(a client sends its next request once the last token reached it); past the
 batch (max-num-seqs, or what the KV pool holds) the rest wait in a FIFO queue. Open loop (rate L):
 X = L, the running batch follows from Little's law; waits for a batch slot (M/D/c, Erlang C with
 the Allen-Cunneen correction), for the token budget (M/D/1 on prompt tokens) and for the API
@@ -46,16 +47,22 @@ class Shape:
     length_dist: str = "fixed"
     range_ratio: float = 0.5
     output_dist: str | None = None
+    output_range_ratio: float | None = None
+    """The output's own range ratio for `uniform` (None: `range_ratio`, as vLLM's single --random-range-ratio)."""
 
     def __post_init__(self) -> None:
         if not (self.input_len >= 1 and self.output_len >= 1):
             raise ValueError(f"input_len and output_len must be >= 1, got {self.input_len}, {self.output_len}")
 
+    @property
+    def output_ratio(self) -> float:
+        return self.range_ratio if self.output_range_ratio is None else self.output_range_ratio
+
     def output_quantile(self, u: float) -> float:
         dist = self.output_dist or self.length_dist
         o = self.output_len
         if dist == "uniform":
-            return o * (1 - self.range_ratio + 2 * self.range_ratio * u)
+            return o * (1 - self.output_ratio + 2 * self.output_ratio * u)
         if dist == "exponential":
             return -o * math.log(max(1e-9, 1 - u))
         return o
@@ -65,7 +72,7 @@ class Shape:
         """Squared coefficient of variation of the output length (how variable a request's life is)."""
         dist = self.output_dist or self.length_dist
         if dist == "uniform":
-            return self.range_ratio ** 2 / 3
+            return self.output_ratio ** 2 / 3
         if dist == "exponential":
             return 1.0
         return 0.0
@@ -177,11 +184,12 @@ class ServingModel:
             n_prefill = max(1.0, math.ceil(self.i / max(1.0, self.budget - min(c, batch))))
             life = (n_prefill + o - 1) * tau
             admission = max(tau, self.ingest_s + tau / 2)  # the next step after ingest (smooth for the fit)
-            x = c / (admission + life)
+            # A client sends its next request once it has the last token: the response path is in its cycle.
+            x = c / (self.path_s + admission + life)
             if x * life <= batch:
                 return x, 0.0, admission
             x = batch / life  # the batch is full: the rest wait their turn
-            return x, max(0.0, c / x - admission - life), admission
+            return x, max(0.0, c / x - self.path_s - admission - life), admission
 
         tau, stable = _solve(lambda t: self._life(throughput(t)[0], t, cohort)[0], self._step(min(c, batch), 0, 0))
         x, queue_wait, admission = throughput(tau)

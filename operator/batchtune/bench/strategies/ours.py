@@ -84,7 +84,8 @@ class CoreStrategy:
             setting = search.ask(history)
             if setting is None:
                 break
-            predicted = advice.predicted(setting) if advice is not None else None
+            # As the operator: an Untrusted calibration launches nothing on its predictions, not even the load.
+            predicted = advice.launch_prediction(setting) if advice is not None else None
             if predicted is not None:
                 launched[setting] = predicted
             result = runner.run(_knobs(setting), predicted.capacity_load if predicted is not None else None)

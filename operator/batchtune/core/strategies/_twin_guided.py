@@ -2,8 +2,10 @@
 
 1. **Calibrate.** The first trial is the catalog twin's best candidate (`advice.calibration_setting`):
    its capacity search spans loads below and above where the answer lies, so its steps say most
-   about the deployment where it matters. If the calibration on it is Untrusted, a second trial at the
-   recalibrated twin's best gives it more to fit on.
+   about the deployment where it matters. If the calibration on it is Untrusted (residuals beyond
+   tolerance, a parameter pressed against its physical bound, a measurement the inputs cannot produce),
+   the twin does not steer: Adaptive picks the next trial (mode `measure`, and why), and the twin,
+   recalibrated on every trial, steers again once its calibration is Trusted.
 2. **Search.** The caller recalibrates the twin on every finished trial and ranks every candidate on
    it off the reconcile path (`batchtune.twin.guide.advise`); the strategy reads that `TwinAdvice`.
 3. **Confirm.** The best untried candidate is measured next while the twin predicts it beats the best
@@ -13,8 +15,8 @@
    twin ranks its best within `COLUMN_MARGIN` of the best: calibration on one budget says least about
    another.
 4. **Distrust.** After `MAX_MISSES` confirmations whose first step disagreed with their prediction
-   (`core.guidance.agreement`), or a calibration still Untrusted after `CALIBRATION_TRIALS` measured
-   trials, the twin is not trusted and the search falls back to measuring: Adaptive, on the same history.
+   (`core.guidance.agreement`), or while the calibration is Untrusted, the twin is not trusted and the
+   search falls back to measuring: Adaptive, on the same history.
 
 Trials run one at a time: each one recalibrates the next decision. Settings ruled out by memory failures
 in the history (Adaptive's rules) are never proposed. Selection afterwards is the usual one.
@@ -42,8 +44,6 @@ MAX_CONFIRMATIONS = 4
 """Trials after the calibration trial at most (maxTrials caps it too)."""
 COLUMN_MARGIN = 0.05
 """A token budget nothing was measured at gets a trial when the twin ranks its best within this share of the best."""
-CALIBRATION_TRIALS = 2
-"""Measured trials after which a calibration still Untrusted hands the search to Adaptive."""
 
 
 def memory_blocked(setting: Setting, history: History) -> str | None:
@@ -94,12 +94,11 @@ class TwinGuided(Strategy):
         if len(misses) >= MAX_MISSES:
             return "measure", (f"{len(misses)} confirmations missed their prediction "
                                f"({advice.agreements[misses[-1]].worst}): the twin is not trusted")
-        if len(done) >= CALIBRATION_TRIALS and not advice.trusted:
-            return "measure", f"the calibration is not trusted after {len(done)} trials: {advice.reason}"
         if not done:
             return "calibrate", "nothing measured yet"
         if not advice.trusted:
-            return "calibrate", f"the calibration is not trusted yet: {advice.reason}"
+            return "measure", (f"the calibration on {len(done)} trial(s) is Untrusted, so the twin does not steer: "
+                               f"Adaptive picks the next trial, and the twin recalibrates on it ({advice.reason})")
         return "confirm", advice.reason
 
     def _next(self, history: list[HistoryEntry], pending: frozenset[Setting]) -> Setting | None:
@@ -118,12 +117,8 @@ class TwinGuided(Strategy):
             return setting in candidates and setting not in tried and memory_blocked(setting, history) is None
 
         if mode == "calibrate":
-            first = advice.calibration_setting if not done else None
-            if first is not None and open_(first):
-                return first
-            # A second calibration trial: where the twin now thinks the answer is, whatever its margin.
-            best = next((p.setting for p in advice.ranked if open_(p.setting)), None)
-            return best if best is not None else self.fallback._next(history, pending)
+            first = advice.calibration_setting
+            return first if first is not None and open_(first) else self.fallback._next(history, pending)
         if len(done) - 1 >= MAX_CONFIRMATIONS:
             return None
         reference = self._reference(done)
