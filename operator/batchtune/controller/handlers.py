@@ -55,7 +55,9 @@ def install_from_env() -> Install:
         prometheus_urls=listed("BATCHTUNE_ALLOWED_PROMETHEUS_URLS"),
         max_gpu_minutes=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
         secret_label=os.environ.get("BATCHTUNE_SECRET_LABEL", "batchtune.io/prometheus-token"),
-        scrape_interval_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS", "15")),
+        # An override; unset, each tuning's planning reads the interval from its Prometheus (core/scrape.py).
+        scrape_interval_seconds=float(os.environ["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"])
+        if os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") else None,
         scrape_lag_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_LAG_SECONDS", "6")),
         measurement_deadline_seconds=int(os.environ.get("BATCHTUNE_MEASUREMENT_DEADLINE_SECONDS", "600")),
     )
