@@ -604,16 +604,33 @@ def test_vllm_pod_monitor(sets, namespace_selector):
     assert monitor["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/component": "vllm"}}
 
 
-def test_grafana_dashboard_is_valid_json_with_the_three_panels():
+def dashboard_exprs() -> list[str]:
     cm = one(render("grafanaDashboard.enabled=true"), "ConfigMap")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(cm["data"]["batchtune.json"])
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    assert "batchtune_trials_total" in exprs
-    assert "DCGM_FI_DEV_GPU_UTIL" in exprs
-    assert "histogram_quantile(0.95" in exprs and "vllm:inter_token_latency_seconds_bucket" in exprs
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+    return [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+
+
+def test_grafana_dashboard_reads_the_vllm_and_gpu_series():
+    exprs = " ".join(dashboard_exprs())
+    assert "DCGM_FI_DEV_GPU_UTIL" in exprs
+    assert "histogram_quantile(0.95" in exprs and "vllm:inter_token_latency_seconds_bucket" in exprs
+
+
+def test_grafana_dashboard_reads_every_operator_metric_and_only_those():
+    """Each of the operator's own metrics (controller/telemetry.py) has a panel, and no panel names one it lacks."""
+    from prometheus_client import REGISTRY
+
+    from batchtune.controller import telemetry  # noqa: F401  # registers the operator's metrics
+
+    ours = {m.name for m in REGISTRY.collect() if m.name.startswith("batchtune_")}
+    assert {"batchtune_reconcile_seconds", "batchtune_trials", "batchtune_leader"} <= ours
+    read = set()
+    for expr in dashboard_exprs():
+        read |= {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in re.findall(r"batchtune_[a-z_]+", expr)}
+    assert read == ours, f"without a panel: {sorted(ours - read)}; unknown: {sorted(read - ours)}"
 
 
 # ---- manifests/ ------------------------------------------------------------------------

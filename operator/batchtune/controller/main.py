@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BATCHTUNE_TICK_SECONDS"] = str(args.tick_seconds)
     os.environ["BATCHTUNE_IMAGE"] = args.operator_image
     os.environ["BATCHTUNE_CLUSTERWIDE"] = "false" if args.namespace else "true"
+    os.environ["BATCHTUNE_WATCHED_NAMESPACES"] = str(len(args.namespace))
     os.environ["BATCHTUNE_MAX_GPU_MINUTES"] = str(args.max_gpu_minutes)
     if args.allowed_load_image:
         os.environ["BATCHTUNE_ALLOWED_LOAD_IMAGES"] = ",".join(args.allowed_load_image)
