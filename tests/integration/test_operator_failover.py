@@ -89,7 +89,9 @@ POINTS = [
 ]
 
 
-@pytest.mark.timeout(900)
+# Measured 188 s on the shared 2-core machine (five takeovers of 15-18 s each, at the chart's Lease times); the
+# timeout is above the sum of the test's own waits (60 + 90 + 360 and a last takeover's 60 + 180 s).
+@pytest.mark.timeout(780)
 def test_the_active_replica_killed_at_every_point_of_an_auto_run(kube, namespace, replicas, prometheus_url, wait_for):
     ops = replicas
     wait_for(lambda: leader(ops), timeout=60, interval=0.5, what="a leader among the two replicas")
@@ -102,7 +104,7 @@ def test_the_active_replica_killed_at_every_point_of_an_auto_run(kube, namespace
     def watch_creations() -> None:
         from kubernetes import watch
         w = watch.Watch()
-        for event in w.stream(kube.apps.list_namespaced_deployment, namespace, timeout_seconds=900):
+        for event in w.stream(kube.apps.list_namespaced_deployment, namespace, timeout_seconds=780):
             if event["type"] == "ADDED" and "-trial-" in event["object"].metadata.name:
                 created[event["object"].metadata.name] = created.get(event["object"].metadata.name, 0) + 1
             if stop.is_set():
@@ -121,7 +123,7 @@ def test_the_active_replica_killed_at_every_point_of_an_auto_run(kube, namespace
         apply={"mode": "Auto", "verifySeconds": 15, "cooldownSeconds": 0, "verifyMinRequests": 10}))
     kills: list[tuple[str, str | None, float]] = []  # (point, phase seen, takeover seconds)
     left = [name for name, _ in POINTS]
-    deadline = time.monotonic() + 780
+    deadline = time.monotonic() + 360
     try:
         while time.monotonic() < deadline and left:
             status = get_bt(kube, namespace, "tune").get("status") or {}
@@ -152,7 +154,7 @@ def test_the_active_replica_killed_at_every_point_of_an_auto_run(kube, namespace
             kills.append((name, status.get("phase"), round(time.monotonic() - killed_at, 1)))
             left.remove(name)
             victim.start(env=FAILPOINT if "between patch and status" in left else None)  # back as the standby
-        bt = wait_phase(kube, namespace, "tune", {"Succeeded", "Failed", "RolledBack"}, 300, leader(ops) or ops[0])
+        bt = wait_phase(kube, namespace, "tune", {"Succeeded", "Failed", "RolledBack"}, 180, leader(ops) or ops[0])
     finally:
         stop.set()
         traffic.stop()
