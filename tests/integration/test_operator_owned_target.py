@@ -36,6 +36,7 @@ def operator(cluster, kube, namespace, owner_crd, tmp_path):
     yield from running_operator(cluster.operator_kubeconfig, kube, namespace, tmp_path)
 
 
+# Measured 41 s; the timeout is above the sum of its waits: 30 + 90 + 180 s and the teardown's 60 s.
 @pytest.mark.timeout(420)
 def test_a_deployment_a_custom_resource_controls_ends_recommended_naming_its_owner(kube, namespace, operator,
                                                                                    prometheus_url, wait_for):
@@ -54,7 +55,7 @@ def test_a_deployment_a_custom_resource_controls_ends_recommended_naming_its_own
         strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1}, objective={"type": "OutputThroughput"},
         load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, report={"curveLoad": {"concurrency": 4}},
         apply={"mode": "Auto", "verifySeconds": 15, "cooldownSeconds": 0}))
-    bt = wait_phase(kube, namespace, "tune", {"Recommended", "Succeeded", "Failed", "RolledBack"}, 300, operator)
+    bt = wait_phase(kube, namespace, "tune", {"Recommended", "Succeeded", "Failed", "RolledBack"}, 180, operator)
     status = bt["status"]
     assert status["phase"] == "Recommended", json.dumps(status, indent=1)[-3000:]
     succeeded = condition(bt, "Succeeded")
