@@ -23,9 +23,10 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from batchtune.core import promql
+from batchtune.core import promql, scrape
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext, Selector
+from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.verify import ARRIVAL_RATE, SERVED_SHARE
 from batchtune.core.vocabulary import M
 from batchtune.core.workload import WorkloadObservation
@@ -242,6 +243,80 @@ class PrometheusReader:
         sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
         inner = promql.counter_rate(self.ctx.names.candidates("request_success"), sel, 60)
         return self.scalar(f"max_over_time(({inner})[{int(lookback_s)}s:30s])")
+
+
+    # ---- what Prometheus says about its own scrapes ----------------------------------------
+
+    API_BYTES_LIMIT = 8 * 1024 * 1024
+    """The most an answer of the targets or configuration endpoint may hold (thousands of targets fit)."""
+
+    def _api(self, path: str, params: Mapping[str, str] | None = None) -> Any | None:
+        """`data` of a Prometheus HTTP API endpoint; None when this Prometheus does not offer it (HTTP 4xx/5xx:
+        a Thanos or Mimir front may not), `PrometheusUnavailable` when it cannot be reached."""
+        if self.on_query:
+            self.on_query()
+        conn = self._conn
+        session = conn._session  # noqa: SLF001  # the client's pool and TLS settings, shared with its queries
+        try:
+            with session.get(f"{conn.url.rstrip('/')}{path}", params=dict(params or {}), headers=conn.headers,
+                             auth=getattr(conn, "auth", None), timeout=self.timeout_s, stream=True) as response:
+                if response.status_code != 200:
+                    return None
+                body = response.raw.read(self.API_BYTES_LIMIT + 1, decode_content=True)
+        except requests.RequestException as exc:
+            self._failed()
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: {type(exc).__name__}") from None
+        if len(body) > self.API_BYTES_LIMIT:
+            log.warning("Prometheus %s answered more than %d bytes on %s; not read", sanitize(self.url),
+                        self.API_BYTES_LIMIT, path)
+            return None
+        try:
+            import json
+
+            answer = json.loads(body)
+        except ValueError:
+            return None
+        return answer.get("data") if isinstance(answer, dict) and answer.get("status") == "success" else None
+
+    def scrape_jobs(self, production: Production) -> set[str]:
+        """The `job` labels on the engine's series of production's pods (empty: no such series)."""
+        if not production.pods:
+            return set()
+        sel = promql.pods_selector(self.ctx.labels, production.namespace, list(production.pods))
+        names = self.ctx.names.candidates("num_requests_running")
+        query = " or ".join(f"count by (job) ({promql.check_metric_name(n)}{sel.render()})" for n in names)
+        return {sanitize(labels["job"], 200) for labels, _ in self.vector(query) if labels.get("job")}
+
+    def scrape_interval(self, production: Production, where: str) -> ScrapeInterval | None:
+        """How often Prometheus scrapes the engine's series of `where` (production's pods): the targets API for
+        the jobs that scrape them, else the configuration; None when Prometheus reports neither."""
+        jobs = self.scrape_jobs(production)
+        named = ", ".join(sorted(jobs))
+        if jobs:
+            found = None
+            for job in sorted(jobs)[:5]:
+                data = self._api("/api/v1/targets", {"state": "active", "scrapePool": job})
+                targets = (data or {}).get("activeTargets") if isinstance(data, dict) else None
+                if isinstance(targets, list):
+                    seconds = scrape.from_targets([t for t in targets if isinstance(t, dict)], jobs)
+                    found = seconds if found is None or (seconds is not None and seconds > found) else found
+            if found is not None:
+                return ScrapeInterval(found, f"Prometheus' targets API: job {named} scrapes {where}'s pods")
+        data = self._api("/api/v1/status/config")
+        text = data.get("yaml") if isinstance(data, dict) else None
+        if isinstance(text, str):
+            import yaml
+
+            try:
+                config = yaml.safe_load(text)
+            except yaml.YAMLError:
+                config = None
+            seconds = scrape.from_config(config, jobs) if isinstance(config, dict) else None
+            if seconds is not None:
+                what = (f"job {named}'s scrape_interval" if jobs else
+                        f"the global scrape_interval ({where} has no series yet to name its job)")
+                return ScrapeInterval(seconds, f"Prometheus' configuration: {what}")
+        return None
 
 
 def _value(sample: Mapping[str, Any]) -> float | None:

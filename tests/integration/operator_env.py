@@ -97,24 +97,57 @@ def grant_operator_rbac(kubectl: Callable[..., Any]) -> None:
 
 
 class Operator:
-    """`batchtune operator -n NS` as a subprocess with the operator's own kubeconfig."""
+    """`batchtune operator -n NS` as a subprocess with the operator's own kubeconfig.
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
+    `leader_elect`: one of several replicas (`--leader-elect`, the Lease in NS; its /metrics served, so a test can
+    tell the leader by `batchtune_leader`). `env`: extra environment for the next start only (e.g. failpoints).
+    `scrape_interval`: the override the operator gets (None: it reads the interval from Prometheus)."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *, leader_elect: bool = False,
+                 name: str = "operator", scrape_interval: str | None = "2") -> None:
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.leader_elect, self.name, self.scrape_interval = leader_elect, name, scrape_interval
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.metrics_url: str | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         port = _free_port()
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), BATCHTUNE_SCRAPE_LAG_SECONDS="5",
-                   BATCHTUNE_SCRAPE_INTERVAL_SECONDS="2")  # the local cluster's Prometheus scrapes every 2 s
+        environ = dict(os.environ, KUBECONFIG=str(self.kubeconfig), BATCHTUNE_SCRAPE_LAG_SECONDS="5", **(env or {}))
+        if self.scrape_interval:
+            environ["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"] = self.scrape_interval  # the local cluster scrapes every 2 s
+        else:
+            environ.pop("BATCHTUNE_SCRAPE_INTERVAL_SECONDS", None)
         self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "w")  # noqa: SIM115  # the operator's stdout while it runs
+        log = open(self.log_dir / f"{self.name}-{self.starts}.log", "w")  # noqa: SIM115  # the operator's stdout while it runs
+        metrics = ""
+        extra: list[str] = []
+        if self.leader_elect:
+            metrics_port = _free_port()
+            metrics = f"127.0.0.1:{metrics_port}"
+            self.metrics_url = f"http://{metrics}/metrics"
+            extra = ["--leader-elect", "--leader-elect-namespace", self.namespace]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchtune", "operator", "-n", self.namespace, "--tick-seconds", "1",
-             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", ""],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", metrics, *extra],
+            env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.liveness = f"http://127.0.0.1:{port}/healthz"
+
+    def metric(self, name: str) -> float | None:
+        """One unlabelled sample of this replica's /metrics (None: not serving, or no such sample)."""
+        if not self.metrics_url or self.proc is None or self.proc.poll() is not None:
+            return None
+        try:
+            text = urllib.request.urlopen(self.metrics_url, timeout=2).read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, as when a node dies."""
@@ -131,7 +164,7 @@ class Operator:
                 self.kill()
 
     def logs(self) -> str:
-        return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob("operator-*.log")))
+        return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob(f"{self.name}-*.log")))
 
 
 def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path) -> Iterator[Operator]:
@@ -147,6 +180,21 @@ def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str,
             "batchtune.io", "v1alpha1", namespace, "batchtunings")["items"]:
         time.sleep(0.5)
     op.stop()
+
+
+def grant_lease_rbac(kube: Any, namespace: str) -> None:
+    """The chart's leader-election Role (leases in the release namespace) for `batchtune-operator` in `namespace`."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "batchtune-leader", "namespace": namespace},
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                      {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                       "resourceNames": ["batchtune-operator"], "verbs": ["get", "update"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "batchtune-leader", "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "batchtune-leader"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "batchtune-operator"}]}
+    kube.rbac.create_namespaced_role(namespace, role)
+    kube.rbac.create_namespaced_role_binding(namespace, binding)
 
 
 def _free_port() -> int:

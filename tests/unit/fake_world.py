@@ -23,6 +23,7 @@ from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.tick import PROMETHEUS_BACKOFF, Tuning
 from batchtune.core.manifests import LABEL_COMPONENT, LABEL_TRIAL, LABEL_TUNING, label_value
 from batchtune.core.measurement import Window
+from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.vocabulary import M
 from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import ENGINES
@@ -160,6 +161,9 @@ class World:
     production_requests_per_second: float = 5.0
     production_replicas: int = 1
     production_peak_per_second: float | None = 10.0
+    scrape_lookups: int = 0
+    scrape_interval: ScrapeInterval | None = ScrapeInterval(15.0, "Prometheus' targets API: job kubernetes-pods")
+    """What the fake Prometheus reports for the target's pods (None: it reports nothing)."""
     """What `production_peak_rate` answers (the highest 1-minute rate of the last hour; None: Prometheus has none)."""
     traffic: WorkloadObservation | None = field(default_factory=lambda: chat_traffic())
     """What production's length histograms and request counts say (None: production has no pods)."""
@@ -454,6 +458,11 @@ class FakeReader:
     def production_gpu_model(self, production: Production) -> str | None:
         self._query()
         return self.w.gpu_model
+
+    def scrape_interval(self, production: Production, where: str) -> ScrapeInterval | None:
+        self._query()
+        self.w.scrape_lookups += 1
+        return self.w.scrape_interval
 
 
 class FakeMetrics:

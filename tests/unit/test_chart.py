@@ -98,30 +98,40 @@ def test_helm_lint_is_clean(sets):
 
 # ---- what gets rendered ----------------------------------------------------------------
 
+# The leader election's Role and RoleBinding (the Lease) and the PodDisruptionBudget come with the default two replicas.
+HA = ("PodDisruptionBudget", "Role", "RoleBinding")
+
+
 @pytest.mark.parametrize("sets, expected", [
     pytest.param((), ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-                      "ServiceAccount", *POLICY], id="cluster-wide-defaults"),
+                      "ServiceAccount", *POLICY, *HA], id="cluster-wide-defaults"),
     pytest.param(("watchNamespaces={a,b}",), ["CustomResourceDefinition", "Deployment", "Role", "Role",
-                                              "RoleBinding", "RoleBinding", "ServiceAccount", *POLICY],
+                                              "RoleBinding", "RoleBinding", "ServiceAccount", *POLICY, *HA],
                  id="namespaced"),
     pytest.param(("prometheus.authSecretNamespaces={a,b}",),
                  ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role", "Role",
-                  "RoleBinding", "RoleBinding", "ServiceAccount", *POLICY], id="secret-namespaces"),
+                  "RoleBinding", "RoleBinding", "ServiceAccount", *POLICY, *HA], id="secret-namespaces"),
     pytest.param(("crds.enabled=false", "rbac.create=false", "serviceAccount.create=false",
-                  "prometheus.authSecretNamespaces={a}"), ["Deployment", *POLICY],
+                  "prometheus.authSecretNamespaces={a}"), ["Deployment", "PodDisruptionBudget", *POLICY],
                  id="bring-your-own-crd-rbac-and-sa"),
     pytest.param(("admissionPolicy.enabled=false",),
-                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "ServiceAccount"],
-                 id="no-admission-policy"),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "ServiceAccount",
+                  *HA], id="no-admission-policy"),
     pytest.param(("metrics.serviceMonitor.enabled=true",),
                  ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Service",
-                  "ServiceAccount", "ServiceMonitor", *POLICY], id="service-monitor"),
+                  "ServiceAccount", "ServiceMonitor", *POLICY, *HA], id="service-monitor"),
     pytest.param(("metrics.enabled=false", "metrics.serviceMonitor.enabled=true"),
                  ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-                  "ServiceAccount", *POLICY], id="no-metrics-no-monitor"),
+                  "ServiceAccount", *POLICY, *HA], id="no-metrics-no-monitor"),
     pytest.param(("vllmPodMonitor.enabled=true", "grafanaDashboard.enabled=true", "crds.enabled=false"),
                  ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "ServiceAccount",
-                  *POLICY], id="pod-monitor-and-dashboard"),
+                  *POLICY, *HA], id="pod-monitor-and-dashboard"),
+    pytest.param(("replicaCount=1", "leaderElection.enabled=false"),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "ServiceAccount",
+                  *POLICY], id="one-replica-no-election"),
+    pytest.param(("replicaCount=1",),
+                 ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role",
+                  "RoleBinding", "ServiceAccount", *POLICY], id="one-replica-with-election"),
 ])
 def test_rendered_kinds(sets, expected):
     assert kinds(render(*sets)) == sorted(expected)
@@ -138,12 +148,55 @@ def test_every_object_carries_the_chart_labels():
 
 # ---- the operator Deployment -----------------------------------------------------------
 
-def test_operator_deployment_is_one_recreated_replica():
-    dep = one(render(), "Deployment")
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+def test_operator_deployment_is_two_replicas_one_leading():
+    docs = render()
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    # A new replica comes up (as a standby) before an old one goes.
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     selector = dep["spec"]["selector"]["matchLabels"]
     assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    args = operator_container(docs)["args"]
+    for flag in ("--leader-elect", f"--leader-elect-namespace={NAMESPACE}", "--leader-elect-name=bt-batchtune",
+                 "--leader-elect-lease-duration=15", "--leader-elect-renew-deadline=10",
+                 "--leader-elect-retry-period=2"):
+        assert flag in args, args
+    env = {e["name"]: e.get("valueFrom") for e in operator_container(docs)["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Spread over nodes where the cluster allows; never required (a one-node cluster still runs both).
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert list(anti) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["labelSelector"][
+        "matchLabels"] == selector
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+
+
+def test_the_leader_lease_is_all_the_election_may_touch():
+    role = one(render(), "Role", "bt-batchtune-leader")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["bt-batchtune"],
+         "verbs": ["get", "update"]}]
+    binding = one(render(), "RoleBinding", "bt-batchtune-leader")
+    assert binding["roleRef"]["name"] == "bt-batchtune-leader"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "bt-batchtune", "namespace": NAMESPACE}]
+
+
+def test_one_replica_without_election_is_recreated():
+    dep = one(render("replicaCount=1", "leaderElection.enabled=false"), "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in operator_container([dep])["args"] if a.startswith("--leader-elect")]
+    assert "affinity" not in dep["spec"]["template"]["spec"]
+
+
+def test_two_replicas_without_election_are_refused():
+    argv = [_helm(), "template", "bt", str(CHART), "--kube-version", KUBE_VERSION.lstrip("v"),
+            "--set", "replicaCount=2", "--set", "leaderElection.enabled=false"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "replicaCount above 1 needs leaderElection.enabled" in done.stderr
 
 
 def test_operator_runs_hardened():
@@ -224,7 +277,8 @@ def test_cluster_wide_rbac_grants_what_kopf_and_the_operator_need():
     assert grants(rules, "", "configmaps") == {"create", "update"}  # the report: created, then replaced
     # Secrets: never cluster-wide; a Role per prometheus.authSecretNamespaces entry (none by default).
     assert not grants(rules, "", "secrets")
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    # Roles: only the leader election's, on its Lease.
+    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("Role", "RoleBinding")] == ["bt-batchtune-leader"] * 2
     assert grants(rules, "", "nodes") == {"get", "list", "watch"}
     assert grants(rules, "", "services") == {"list"}
     binding = one(docs, "ClusterRoleBinding")
@@ -235,8 +289,10 @@ def test_cluster_wide_rbac_grants_what_kopf_and_the_operator_need():
 def test_namespaced_rbac_has_no_cluster_wide_rights():
     docs = render("watchNamespaces={team-a,team-b}")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith(
+        "-leader")}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding" and
+                not d["metadata"]["name"].endswith("-leader")}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
     for ns, role in roles.items():
         rules = role["rules"]
@@ -337,10 +393,11 @@ def test_bounds_are_passed_as_operator_flags(sets, present):
         assert not [a for a in args if a.startswith("--allowed-prometheus-url")], args
 
 
-@pytest.mark.parametrize("sets, expected", [((), "15"), (("prometheus.scrapeIntervalSeconds=2",), "2")])
-def test_scrape_interval_reaches_the_operator(sets, expected):
+@pytest.mark.parametrize("sets, expected", [((), None), (("prometheus.scrapeIntervalSeconds=2",), "2")])
+def test_scrape_interval_is_an_override_only(sets, expected):
+    """Unset, the operator reads the interval from Prometheus; set, the value wins."""
     env = {e["name"]: e.get("value") for e in operator_container(render(*sets))["env"]}
-    assert env["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"] == expected
+    assert env.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") == expected
 
 
 def test_bound_flags_are_ones_the_operator_accepts():
@@ -354,8 +411,11 @@ def test_bound_flags_are_ones_the_operator_accepts():
     args = operator_container(render("load.allowedImages={r.example.com/a:1,r.example.com/b:2}",
                                      "prometheus.allowedUrls={http://prom:9090/}",
                                      "maxGpuMinutesPerTuning=90"))["args"]
-    ours = [a for a in args if a.startswith(("--allowed-", "--max-gpu-minutes", "--operator-image"))]
+    ours = [a for a in args if a.startswith(("--allowed-", "--max-gpu-minutes", "--operator-image", "--leader-elect"))]
     parsed = parser.parse_args(["operator", *ours])
+    assert parsed.leader_elect and parsed.leader_elect_namespace == NAMESPACE
+    assert (parsed.leader_elect_lease_duration, parsed.leader_elect_renew_deadline,
+            parsed.leader_elect_retry_period) == (15, 10, 2)
     assert parsed.allowed_load_image == ["r.example.com/a:1", "r.example.com/b:2"]
     assert parsed.allowed_prometheus_url == ["http://prom:9090/"]
     assert parsed.max_gpu_minutes == 90
@@ -445,6 +505,8 @@ def test_crd_keep_annotation(keep, annotated):
     pytest.param("maxGpuMinutesPerTuning=0", "maxGpuMinutesPerTuning", id="gpu-minutes-zero"),
     pytest.param("maxGpuMinutesPerTuning=1.5", "maxGpuMinutesPerTuning", id="gpu-minutes-fraction"),
     pytest.param("prometheus.scrapeIntervalSeconds=0", "scrapeIntervalSeconds", id="scrape-interval-zero"),
+    pytest.param("replicaCount=0", "replicaCount", id="no-replicas"),
+    pytest.param("leaderElection.leaseDurationSeconds=1", "leaseDurationSeconds", id="lease-too-short"),
 ])
 def test_schema_rejects_bad_values(bad_set, complaint):
     argv = [_helm(), "template", "bt", str(CHART), "--kube-version", KUBE_VERSION.lstrip("v"), "--set", bad_set]
@@ -542,16 +604,33 @@ def test_vllm_pod_monitor(sets, namespace_selector):
     assert monitor["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/component": "vllm"}}
 
 
-def test_grafana_dashboard_is_valid_json_with_the_three_panels():
+def dashboard_exprs() -> list[str]:
     cm = one(render("grafanaDashboard.enabled=true"), "ConfigMap")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(cm["data"]["batchtune.json"])
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    assert "batchtune_trials_total" in exprs
-    assert "DCGM_FI_DEV_GPU_UTIL" in exprs
-    assert "histogram_quantile(0.95" in exprs and "vllm:inter_token_latency_seconds_bucket" in exprs
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+    return [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+
+
+def test_grafana_dashboard_reads_the_vllm_and_gpu_series():
+    exprs = " ".join(dashboard_exprs())
+    assert "DCGM_FI_DEV_GPU_UTIL" in exprs
+    assert "histogram_quantile(0.95" in exprs and "vllm:inter_token_latency_seconds_bucket" in exprs
+
+
+def test_grafana_dashboard_reads_every_operator_metric_and_only_those():
+    """Each of the operator's own metrics (controller/telemetry.py) has a panel, and no panel names one it lacks."""
+    from prometheus_client import REGISTRY
+
+    from batchtune.controller import telemetry  # noqa: F401  # registers the operator's metrics
+
+    ours = {m.name for m in REGISTRY.collect() if m.name.startswith("batchtune_")}
+    assert {"batchtune_reconcile_seconds", "batchtune_trials", "batchtune_leader"} <= ours
+    read = set()
+    for expr in dashboard_exprs():
+        read |= {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in re.findall(r"batchtune_[a-z_]+", expr)}
+    assert read == ours, f"without a panel: {sorted(ours - read)}; unknown: {sorted(read - ours)}"
 
 
 # ---- manifests/ ------------------------------------------------------------------------

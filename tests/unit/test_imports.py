@@ -35,3 +35,25 @@ def test_every_module_imports_first_in_its_own_interpreter():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", done.stdout
     assert len(MODULES) > 50
+
+
+def test_the_operators_command_line_loads_no_numpy():
+    # Every `batchtune` process builds the whole parser, the operator's included; the load generator's
+    # statistics (numpy, ~14 MB of RSS) load only when a load run asks for them (batchtune.loadgen's PEP 562).
+    script = ("import sys; from batchtune.cli import build_parser; build_parser(); "
+              "print('numpy' in sys.modules, 'batchtune.loadgen.stats' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_the_load_generators_names_load_on_first_use():
+    import batchtune.loadgen as loadgen
+    from batchtune.loadgen.runner import LoadRun
+    from batchtune.loadgen.stats import compute_result
+
+    assert loadgen.LoadRun is LoadRun
+    assert loadgen.compute_result is compute_result
+    assert set(loadgen.__all__) <= set(loadgen._WHERE)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        loadgen.nothing  # noqa: B018

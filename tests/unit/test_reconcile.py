@@ -73,6 +73,55 @@ def test_a_gitops_managed_target_gets_a_recommendation_unless_auto_is_explicit()
     assert "Argo CD" in w.condition("Succeeded")["message"] and w.patches == []
 
 
+KSERVE_OWNER = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "name": "llama",
+                "uid": "0b1c", "controller": True, "blockOwnerDeletion": True}
+
+
+@pytest.mark.parametrize("mode", ["Auto", None])
+def test_a_target_a_controller_owns_is_never_patched_even_in_auto(mode):
+    w = world(apply={"mode": mode})
+    if mode is None:
+        w.bt_spec["apply"].pop("mode")
+    w.deployments["llm"]["metadata"]["ownerReferences"] = [KSERVE_OWNER]
+    before = copy.deepcopy(w.deployments["llm"])
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert w.deployments["llm"] == before and w.patches == []
+    succeeded = w.condition("Succeeded")
+    assert succeeded["reason"] == "TargetOwned"
+    assert "InferenceService llama (serving.kserve.io/v1beta1)" in succeeded["message"]
+    assert "spec.predictor.model.args" in succeeded["message"]
+    assert ("spec.apply.mode Auto cannot override this" in succeeded["message"]) is (mode == "Auto")
+    assert any("Will recommend only" in n for n in w.status["plan"]["notes"])
+    assert w.status["recommendation"]["args"] and "TargetOwned" in reasons(w)
+
+
+def test_an_owner_and_gitops_together_are_named_in_one_condition():
+    w = world(apply={"mode": None})
+    w.bt_spec["apply"].pop("mode")
+    w.deployments["llm"]["metadata"]["ownerReferences"] = [{**KSERVE_OWNER, "kind": "LlamaServer",
+                                                            "apiVersion": "example.com/v1", "name": "srv"}]
+    w.deployments["llm"]["metadata"]["labels"]["argocd.argoproj.io/instance"] = "prod"
+    assert w.run_until(TERMINAL) == "Recommended"
+    message = w.condition("Succeeded")["message"]
+    assert "controlled by LlamaServer srv (example.com/v1)" in message and "Argo CD manages it" in message
+    assert "where the LlamaServer takes them" in message and w.patches == []
+
+
+def test_a_non_controller_owner_reference_does_not_stop_auto():
+    w = world()
+    w.deployments["llm"]["metadata"]["ownerReferences"] = [{**KSERVE_OWNER, "controller": False}]
+    assert w.run_until(TERMINAL) == "Succeeded" and w.patches
+
+
+def test_an_owner_that_appears_after_the_selection_stops_the_patch():
+    w = world()
+    w.run_until({"Applying"})
+    w.deployments["llm"]["metadata"]["ownerReferences"] = [KSERVE_OWNER]
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert w.condition("Succeeded")["reason"] == "TargetOwned" and w.patches == []
+    assert w.status.get("applied") is None or not w.status["applied"].get("appliedAt")
+
+
 def test_extra_args_reach_trials_and_production_alike():
     w = world(searchSpace={"maxNumSeqs": {"values": [16, 32]}, "extraArgs": ["--enable-prefix-caching"]})
     assert w.run_until(TERMINAL) == "Succeeded"
@@ -611,3 +660,53 @@ def test_bracket_seconds_zero_turns_it_off_and_a_window_too_short_for_the_scrape
     assert w.run_until({"Succeeded", "Recommended", "Failed"}, install=FAST_SCRAPES) == "Failed"
     message = w.condition("Failed")["message"]
     assert "spec.trial.bracketSeconds 3" in message and w.created == []
+
+
+# ---- the scrape interval, found out from Prometheus ------------------------------------------------
+
+DISCOVER = Install(operator_image="batchtune:test", scrape_lag_seconds=0)  # no override: ask Prometheus
+
+
+def test_the_scrape_interval_prometheus_reports_sets_bracketing_and_is_recorded_once():
+    from batchtune.core.scrape import ScrapeInterval
+
+    w = world(searchSpace={"maxNumSeqs": {"values": [64]}}, strategy={"type": "Grid", "maxTrials": 1},
+              report={"curveLoad": {"type": "Off"}})
+    w.scrape_interval = ScrapeInterval(2.0, "Prometheus' targets API: job kubernetes-pods scrapes Deployment x's pods")
+    assert w.run_until({"Succeeded", "Recommended", "Failed"}, install=DISCOVER) == "Succeeded"
+    # 2 s scrapes, as with the override: short bracketing steps, then the full window.
+    assert {s for _, s in w.load_runs} == {8, 30}
+    assert w.status["plan"]["scrapeInterval"] == {
+        "seconds": 2.0, "source": "Prometheus' targets API: job kubernetes-pods scrapes Deployment x's pods"}
+    assert w.scrape_lookups == 1  # found at planning; every later tick reads status
+
+
+def test_a_window_too_short_for_the_interval_found_is_refused_naming_it():
+    from batchtune.core.scrape import ScrapeInterval
+
+    w = world(trial={"measureSeconds": 10})
+    w.scrape_interval = ScrapeInterval(30.0, "Prometheus' targets API: job slow-pods scrapes Deployment ns/llm's pods")
+    assert w.run_until(TERMINAL, install=DISCOVER) == "Failed"
+    failed = w.condition("Failed")
+    assert failed["reason"] == "MeasurementWindowTooShort" and w.created == []
+    assert "spec.trial.measureSeconds 10" in failed["message"]
+    assert "(60s at 30s, Prometheus' targets API: job slow-pods" in failed["message"]
+
+
+def test_the_install_override_wins_over_what_prometheus_reports():
+    from batchtune.core.scrape import ScrapeInterval
+
+    w = world(trial={"measureSeconds": 10})
+    w.scrape_interval = ScrapeInterval(30.0, "Prometheus' targets API")
+    assert w.run_until(TERMINAL, install=FAST_SCRAPES) == "Succeeded"
+    assert w.status["plan"]["scrapeInterval"]["source"] == "the install's prometheus.scrapeIntervalSeconds"
+    assert w.scrape_lookups == 0
+
+
+def test_a_prometheus_that_reports_no_interval_is_assumed_at_15_seconds_and_says_so():
+    w = world(trial={"measureSeconds": 20})
+    w.scrape_interval = None
+    assert w.run_until(TERMINAL, install=DISCOVER) == "Failed"
+    message = w.condition("Failed")["message"]
+    assert "(30s at 15s, assumed: Prometheus reported neither" in message
+    assert "set the install's prometheus.scrapeIntervalSeconds" in message

@@ -1031,6 +1031,16 @@ class CurveLoadRecord(_Status):
     """Where the load came from, in words (production's peak, the spec, a fallback and why)."""
 
 
+class ScrapeIntervalRecord(_Status):
+    """The Prometheus scrape interval the tuning's windows are held to (two scrapes per window at least)."""
+
+    seconds: Annotated[float, Field(gt=0)]
+    """The interval."""
+    source: Annotated[str, Field(max_length=500)] = ""
+    """Where it came from: the install's override, Prometheus' targets API (naming the job), its configuration,
+    or an assumption (saying why)."""
+
+
 class PlanRecord(_Status):
     """What planning found (re-planning from spec and this is deterministic)."""
 
@@ -1050,6 +1060,9 @@ class PlanRecord(_Status):
     """When planning finished and trials could start."""
     curve_load: CurveLoadRecord | None = None
     """The common load every trial is also measured at for the report's curves; unset: none (type Off)."""
+    scrape_interval: ScrapeIntervalRecord | None = None
+    """The scrape interval found at planning, used by every later tick; unset in status written before it was
+    recorded (then the install's override, else 15 s)."""
 
 
 class LengthBucket(_Status):

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from batchtune.api import AppliedRecord
 from batchtune.api import ContainerArgs as ArgsRecord
-from batchtune.controller import telemetry
+from batchtune.controller import failpoints, telemetry
 from batchtune.controller.ports import Conflict
 from batchtune.controller.tick import Target, Tick, iso
 from batchtune.core import verify as verifying
@@ -62,6 +62,12 @@ def apply(tick: Tick) -> None:
     if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
         tick.target_changed(target)
         return
+    mode = tick.apply_decision(target)
+    if mode.forced:  # a controller took ownership of the target after the selection: never patched
+        message = f"Recommended {tick.status.best_setting or 'the chosen setting'}, not applied ({mode.why})"
+        tick.set_phase(Phase.RECOMMENDED, Reason.TARGET_OWNED, message)
+        tick.event(True, Reason.TARGET_OWNED, message)
+        return
     setting = tick.status.recommendation.setting.core()
     desired = production_args(target.engine, target.container, setting, tick.view.spec.extra_args)
     current = ContainerArgs.of(target.container)
@@ -93,6 +99,7 @@ def apply(tick: Tick) -> None:
         tick.waiting(Reason.APPLY_CONFLICT, f"Deployment {tick.tuning.namespace}/{target.name} changed while batchtune "
                                             "was applying; reading it again")
         return
+    failpoints.reach("after-production-patch")  # the failover test's crash between the patch and its status write
     applied.applied_at = tick.now
     applied.new = _record(desired)
     label = tick.status.best_setting or setting.label()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from batchtune.api import ContainerArgs, Knee, Recommendation, Setting, TrialRecord
 from batchtune.controller import records, telemetry
 from batchtune.controller.tick import Target, Tick
-from batchtune.core.gitops import gitops_manager
 from batchtune.core.objective import Objective
 from batchtune.core.recommend import ContainerArgs as ProductionArgs
 from batchtune.core.recommend import kustomize_patch, production_args, recommend, replica_hint
@@ -88,13 +87,12 @@ def recommend_best(tick: Tick, target: Target, objective: Objective, best: Trial
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
     tick.status.best_setting = setting.label()
-    manager = gitops_manager(target.deployment)
-    if tick.apply_mode(target) == "Recommend":
-        why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
-               if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
-        message = f"Recommended {setting.label()} ({why}): {reason}" + _for(tick)
-        tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
-        tick.event(False, Reason.RECOMMENDATION_READY, message)
+    mode = tick.apply_decision(target)
+    if mode.mode == "Recommend":
+        message = f"Recommended {setting.label()} ({mode.why}): {reason}" + _for(tick)
+        tick.set_phase(Phase.RECOMMENDED, Reason.TARGET_OWNED if mode.forced else Reason.RECOMMENDATION_READY,
+                       message)
+        tick.event(False, Reason.TARGET_OWNED if mode.forced else Reason.RECOMMENDATION_READY, message)
         submit_report(tick)
         return
     tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {setting.label()}: {reason}" + _for(tick))

@@ -55,7 +55,9 @@ def install_from_env() -> Install:
         prometheus_urls=listed("BATCHTUNE_ALLOWED_PROMETHEUS_URLS"),
         max_gpu_minutes=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
         secret_label=os.environ.get("BATCHTUNE_SECRET_LABEL", "batchtune.io/prometheus-token"),
-        scrape_interval_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS", "15")),
+        # An override; unset, each tuning's planning reads the interval from its Prometheus (core/scrape.py).
+        scrape_interval_seconds=float(os.environ["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"])
+        if os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") else None,
         scrape_lag_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_LAG_SECONDS", "6")),
         measurement_deadline_seconds=int(os.environ.get("BATCHTUNE_MEASUREMENT_DEADLINE_SECONDS", "600")),
     )
@@ -115,6 +117,33 @@ def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) ->
                 "cluster-wide" if CLUSTERWIDE else "namespaced")
 
 
+def api_connection_limit() -> int:
+    """Connections kopf may hold to the API server at once: every watch stream holds one for as long as it runs
+    (BatchTunings, Deployments, Jobs and pods per watched namespace; nodes, namespaces and CRDs cluster-wide), and
+    the rest carry status patches, finalizers and Events. kopf's own default is no limit: 100 BatchTunings arriving
+    at once opened ~600 TLS connections, each with its own TLS buffers, and that burst set the operator's peak RSS
+    (docs/benchmarks.md). Over the limit a request waits for a free connection."""
+    if os.environ.get("BATCHTUNE_API_CONNECTIONS"):
+        return max(8, int(os.environ["BATCHTUNE_API_CONNECTIONS"]))
+    watches = 8 if CLUSTERWIDE else 4 * max(1, int(os.environ.get("BATCHTUNE_WATCHED_NAMESPACES", "1"))) + 2
+    return watches + 24
+
+
+@kopf.on.login()
+async def login(**kwargs: Any) -> Any:
+    """kopf's own login (the kubeconfig, or the in-cluster ServiceAccount), over a session with a bounded pool."""
+    import aiohttp
+
+    info = kopf.login_via_client(**kwargs)
+    if info is None:
+        return None
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=api_connection_limit(), ssl=info.as_ssl_context()),
+        headers=info.as_http_headers(), proxy=info.proxy_url, trust_env=info.trust_env)
+    return kopf.AiohttpSession(aiohttp_session=session, server=info.server, default_namespace=info.default_namespace,
+                               expiration=info.expiration, priority=info.priority)
+
+
 # ---- indexes ----------------------------------------------------------------------------------
 
 
@@ -122,6 +151,13 @@ def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) ->
 def owned_deployments(namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> Any:
     uid = owner_uid(meta)
     return {(namespace, uid): {"name": name}} if uid else None
+
+
+@kopf.index("apps", "v1", "deployments")
+def deployment_versions(namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> Any:
+    # Every Deployment's resourceVersion (kopf watches them all already, owned or not): a target is read again
+    # only when it moved (kube.DeploymentCache), not on every tick.
+    return {(namespace, name): meta.get("resourceVersion")}
 
 
 @kopf.index("batch", "v1", "jobs", labels=OURS)
@@ -162,7 +198,8 @@ def tuning_intents(namespace: str | None, name: str, uid: str, status: kopf.Stat
 
 def _indexes(kwargs: dict[str, Any]) -> Indexes:
     return Indexes(kwargs["owned_deployments"], kwargs["owned_jobs"], kwargs["batchtune_pods"],
-                   kwargs.get("gpu_pods"), kwargs.get("nodes"), kwargs.get("tuning_intents"))
+                   kwargs.get("gpu_pods"), kwargs.get("nodes"), kwargs.get("tuning_intents"),
+                   kwargs.get("deployment_versions"))
 
 
 def ports(kwargs: dict[str, Any]) -> Ports:

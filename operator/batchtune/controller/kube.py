@@ -2,14 +2,19 @@
 
 Owned Deployments and Jobs, batchtune's pods, GPU pods, nodes and other BatchTunings' GPU intents
 come from kopf indexes fed by watches (`handlers.py` declares them), so a tick lists nothing. The
-target Deployment is read fresh each tick (its resourceVersion is the precondition of every patch);
-production's pods, Services and an opted-in Secret are read when a phase needs them.
+target Deployment is read once and served from `DeploymentCache` while the watch-fed index of every
+Deployment's resourceVersion says it has not changed (its resourceVersion is the precondition of every
+patch, which the API server refuses when stale); production's pods, Services and an opted-in Secret are
+read when a phase needs them.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -104,24 +109,78 @@ class Indexes:
     gpu_pods: Mapping[Any, Iterable[Any]] | None = None
     nodes: Mapping[Any, Iterable[Any]] | None = None
     tuning_intents: Mapping[Any, Iterable[Any]] | None = None
+    deployment_versions: Mapping[Any, Iterable[Any]] | None = None
+    """(namespace, name) -> the resourceVersion every Deployment's watch last delivered (None: not declared)."""
+
+
+class DeploymentCache:
+    """Target Deployments as last read, served again while the watch-fed index says their resourceVersion has not
+    moved: a tick reads its target without a GET unless it changed (or the watch lags, which costs one GET more).
+
+    A patch conditional on a cached resourceVersion is as safe as on a fresh one: when the object moved, the API
+    server refuses it (409) and the tick reads again. Bounded: the least recently read entries go first."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.limit = limit
+        self.hits = self.misses = 0
+
+    def get(self, namespace: str, name: str, indexed: str | None) -> dict[str, Any] | None:
+        if indexed is None:
+            return None
+        with self._lock:
+            found = self._entries.get((namespace, name))
+            if found is None or found["metadata"].get("resourceVersion") != indexed:
+                self.misses += 1
+                return None
+            self._entries.move_to_end((namespace, name))
+            self.hits += 1
+        return copy.deepcopy(found)
+
+    def put(self, deployment: dict[str, Any]) -> None:
+        meta = deployment.get("metadata") or {}
+        with self._lock:
+            self._entries[(str(meta.get("namespace")), str(meta.get("name")))] = copy.deepcopy(deployment)
+            self._entries.move_to_end((str(meta.get("namespace")), str(meta.get("name"))))
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._entries.pop((namespace, name), None)
+
+
+DEPLOYMENTS = DeploymentCache()
 
 
 class KubeCluster:
     """`ports.Cluster` for a real API server."""
 
-    def __init__(self, indexes: Indexes, secret_label: str) -> None:
+    def __init__(self, indexes: Indexes, secret_label: str, cache: DeploymentCache | None = None) -> None:
         self.indexes = indexes
         self.secret_label = secret_label
+        self.cache = cache if cache is not None else DEPLOYMENTS
 
     # ---- reads ----------------------------------------------------------------------------
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        indexed = None
+        if self.indexes.deployment_versions is not None:
+            versions = list(self.indexes.deployment_versions.get((namespace, name), ()))
+            indexed = str(versions[-1]) if versions else None
+        cached = self.cache.get(namespace, name, indexed)
+        if cached is not None:
+            return cached
         try:
-            return dict(_sanitize(client.AppsV1Api(api()).read_namespaced_deployment(name, namespace)))
+            found = dict(_sanitize(client.AppsV1Api(api()).read_namespaced_deployment(name, namespace)))
         except ApiException as exc:
             if exc.status == 404:
+                self.cache.forget(namespace, name)
                 return None
             raise
+        self.cache.put(found)
+        return found
 
     def owned(self, namespace: str, tuning_uid: str) -> Owned:
         key = (namespace, tuning_uid)
@@ -251,9 +310,12 @@ class KubeCluster:
                                                                          field_manager=FIELD_MANAGER)
         except ApiException as exc:
             if exc.status == 409:
+                self.cache.forget(namespace, name)
                 raise Conflict(f"Deployment {namespace}/{name} changed since resourceVersion {resource_version}") from None
             raise
-        return dict(_sanitize(result))
+        patched = dict(_sanitize(result))
+        self.cache.put(patched)
+        return patched
 
     def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None:
         ref = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from batchtune import __version__
 
@@ -27,8 +28,43 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="a URL prefix spec.prometheus.url must start with (repeatable; none: any non-link-local URL)")
     p.add_argument("--max-gpu-minutes", type=int, default=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
                    help="ceiling on one BatchTuning's GPU-minutes (default %(default)s)")
+    p.add_argument("--leader-elect", action="store_true",
+                   default=os.environ.get("BATCHTUNE_LEADER_ELECT", "false") == "true",
+                   help="run only while holding the leader Lease (for more than one replica); a standby waits "
+                        "without watching anything")
+    p.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                   help="namespace of the leader Lease (default: $POD_NAMESPACE)")
+    p.add_argument("--leader-elect-name", default="batchtune-operator", help="name of the leader Lease "
+                   "(default %(default)s; one Lease per install)")
+    p.add_argument("--leader-elect-lease-duration", type=float, default=15, metavar="SECONDS",
+                   help="a leader that stopped renewing is presumed gone after this long (default %(default)s)")
+    p.add_argument("--leader-elect-renew-deadline", type=float, default=10, metavar="SECONDS",
+                   help="the leader stops when it could not renew for this long (default %(default)s)")
+    p.add_argument("--leader-elect-retry-period", type=float, default=2, metavar="SECONDS",
+                   help="how often the leader renews and a standby looks (default %(default)s)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(func=run)
+
+
+def elector(args: argparse.Namespace) -> Any:
+    """The leader elector for `--leader-elect`; SystemExit naming the flag when the flags cannot work."""
+    from batchtune.controller import leader
+    from batchtune.core.lease import LeaseTimes
+
+    times = LeaseTimes(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                       args.leader_elect_retry_period)
+    problem = times.problem()
+    if problem:
+        raise SystemExit(f"batchtune operator: {problem}")
+    if not args.leader_elect_namespace:
+        raise SystemExit("batchtune operator: --leader-elect needs --leader-elect-namespace (or $POD_NAMESPACE): "
+                         "the namespace the Lease lives in")
+    from batchtune.controller import kube
+
+    kube.load_config()
+    where = f"{args.leader_elect_namespace}/{args.leader_elect_name}"
+    return leader.Elector(leader.KubeLease(args.leader_elect_namespace, args.leader_elect_name, kube.api()),
+                          leader.identity(), times, where=where)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BATCHTUNE_TICK_SECONDS"] = str(args.tick_seconds)
     os.environ["BATCHTUNE_IMAGE"] = args.operator_image
     os.environ["BATCHTUNE_CLUSTERWIDE"] = "false" if args.namespace else "true"
+    os.environ["BATCHTUNE_WATCHED_NAMESPACES"] = str(len(args.namespace))
     os.environ["BATCHTUNE_MAX_GPU_MINUTES"] = str(args.max_gpu_minutes)
     if args.allowed_load_image:
         os.environ["BATCHTUNE_ALLOWED_LOAD_IMAGES"] = ",".join(args.allowed_load_image)
@@ -57,11 +94,31 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_address:
         host, _, port = args.metrics_address.rpartition(":")
         telemetry.serve(int(port), host or "127.0.0.1")
+    election = None
+    if args.leader_elect:
+        import signal
+
+        from batchtune.controller import leader
+
+        election = elector(args)
+        logging.getLogger(__name__).info("Standing by until this replica (%s) holds the Lease %s",
+                                         election.me, election.where)
+        # A standby holds nothing: SIGTERM ends it at once (as PID 1 a process ignores SIGTERM without a handler).
+        previous = signal.signal(signal.SIGTERM, lambda *_: election.stop())
+        with leader.standby_health(args.liveness_address):
+            election.acquire()
+        signal.signal(signal.SIGTERM, previous)
+        # Lost the Lease: stop at once, as a SIGKILL would; the replica that takes over resumes from status.
+        election.keep(on_lost=lambda: os._exit(1))
     namespaces = args.namespace
-    asyncio.run(kopf.operator(
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=f"http://{args.liveness_address}/healthz",
-    ))
+    try:
+        asyncio.run(kopf.operator(
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://{args.liveness_address}/healthz",
+        ))
+    finally:
+        if election is not None:
+            election.release()  # every handler has returned: the standby may take over at once
     return 0

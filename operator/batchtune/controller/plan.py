@@ -9,6 +9,7 @@ from batchtune.api import (
     EngineLimitsRecord,
     PlanRecord,
     PrunedSetting,
+    ScrapeIntervalRecord,
     Setting,
     WorkloadRecord,
 )
@@ -115,16 +116,17 @@ def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: 
 
 def window_problem(tick: Tick, target: Target) -> str | None:
     """Why Prometheus could not measure the spec's windows (measure, bracketing, verify), or None."""
-    spec, interval = tick.spec, tick.ports.install.scrape_interval_seconds
+    spec, found = tick.spec, tick.scrape_interval()
+    interval, source = found.seconds, found.source
     counted = bool(spec.load.num_prompts)
-    short = window_too_short(spec.trial.measure_seconds, interval)
+    short = window_too_short(spec.trial.measure_seconds, interval, source=source)
     if short and not counted:
         return f"spec.trial.measureSeconds {spec.trial.measure_seconds}: {short}"
     bracket = spec.trial.bracket_seconds
-    short = window_too_short(bracket, interval, "spec.trial.bracketSeconds") if bracket else None
+    short = window_too_short(bracket, interval, "spec.trial.bracketSeconds", source) if bracket else None
     if short and not counted:
         return f"spec.trial.bracketSeconds {bracket}: {short} (or 0: off)"
-    short = window_too_short(spec.apply.verify_seconds, interval, "spec.apply.verifySeconds")
+    short = window_too_short(spec.apply.verify_seconds, interval, "spec.apply.verifySeconds", source)
     if short and tick.apply_mode(target) == "Auto":
         return f"spec.apply.verifySeconds {spec.apply.verify_seconds}: {short}"
     return None
@@ -146,18 +148,19 @@ def plan(tick: Tick) -> None:
     if problems:
         tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))
         return
-    short = window_problem(tick, target)
-    if short:
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
-        return
     try:
         reader = tick.reader(engine)
         reader.ping()
+        tick.discover_scrape_interval(target)
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         tick.status.phase = Phase.PLANNING
         return
     tick.prometheus_ok()
+    short = window_problem(tick, target)
+    if short:
+        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
+        return
     workload = measure_workload(tick, target)
     if workload is None:
         return
@@ -181,9 +184,16 @@ def plan(tick: Tick) -> None:
     record_plan(tick, target, baseline, limits, candidates, product, note, curve, workload)
 
 
+def owned_note(tick: Tick, target: Target) -> list[str]:
+    """A heads-up in the plan when the tuning will end in a recommendation whatever spec.apply.mode says."""
+    mode = tick.apply_decision(target)
+    return [f"Will recommend only: {mode.why}"[:1000]] if mode.forced else []
+
+
 def record_plan(tick: Tick, target: Target, baseline: Invocation, limits: EngineLimits, candidates: Plan,
                 product: str | None, note: str, curve: CurveLoadRecord | None, workload: WorkloadRecord) -> None:
     """The plan into status, and on to Trialing."""
+    interval = tick.scrape_interval()
     # A retune round measures production's own setting first, beside the candidates.
     planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     tick.status.baseline = Baseline(
@@ -195,8 +205,9 @@ def record_plan(tick: Tick, target: Target, baseline: Invocation, limits: Engine
         gpu_product=product, model=baseline.model, served_model=baseline.served_model or baseline.model,
         engine_limits=EngineLimitsRecord(max_model_len=limits.max_model_len, chunked_prefill=limits.chunked_prefill,
                                          max_num_batched_tokens=limits.max_num_batched_tokens),
-        candidates=len(candidates.candidates), notes=[note, *candidates.notes][:20], started_at=tick.now,
-        curve_load=curve)
+        candidates=len(candidates.candidates), notes=[note, *owned_note(tick, target), *candidates.notes][:20],
+        started_at=tick.now,
+        curve_load=curve, scrape_interval=ScrapeIntervalRecord(seconds=interval.seconds, source=interval.source[:500]))
     tick.status.workload = workload
     tick.status.trials_planned = planned
     tick.status.trials_completed = 0

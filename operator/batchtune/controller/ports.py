@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext
-from batchtune.core.tuning import DEFAULT_SCRAPE_INTERVAL_SECONDS
+from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import Engine
 from batchtune.prometheus import Production
@@ -100,6 +100,10 @@ class MetricsReader(Protocol):
 
     def production_gpu_model(self, production: Production) -> str | None: ...
 
+    def scrape_interval(self, production: Production, where: str) -> ScrapeInterval | None:
+        """How often Prometheus scrapes the engine's series of production's pods (`where` names them), from its
+        targets API or configuration; None when it reports neither."""
+
 
 class Metrics(Protocol):
     def reader(self, url: str, token: str | None, ctx: QueryContext, engine: Engine) -> MetricsReader: ...
@@ -137,8 +141,9 @@ class Install:
     """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
     secret_label: str = "batchtune.io/prometheus-token"
     """A Secret is read only if it carries this label with value "true"."""
-    scrape_interval_seconds: float = DEFAULT_SCRAPE_INTERVAL_SECONDS
-    """Prometheus' scrape interval for the engine's pods: a window needs two scrapes to be measured."""
+    scrape_interval_seconds: float | None = None
+    """An override of Prometheus' scrape interval for the engine's pods (a window needs two scrapes to be
+    measured); None: read from Prometheus at planning (`core.scrape`)."""
     scrape_lag_seconds: float = 6.0
     """Prometheus needs a couple of scrapes after a run ends before the window is complete."""
     measurement_deadline_seconds: int = 600

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 TRIALS = Counter("batchtune_trials_total", "Trials finished, by result.", ["result"])
 TUNING_DURATION = Histogram(
@@ -14,6 +14,10 @@ PROMETHEUS_QUERIES = Counter("batchtune_prometheus_queries_total", "Prometheus q
 RECONCILE_SECONDS = Histogram("batchtune_reconcile_seconds", "Time spent in one reconcile step.",
                               buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
 ROLLBACKS = Counter("batchtune_rollbacks_total", "Production rollbacks after a failed verify.")
+LEADER = Gauge("batchtune_leader", "1 while this replica holds the leader Lease and runs the operator, 0 on standby "
+               "(1 without --leader-elect).")
+LEADER.set(1)
+LEADER_TRANSITIONS = Counter("batchtune_leader_acquired_total", "Times this replica took the leader Lease.")
 
 
 def serve(port: int, address: str) -> None:

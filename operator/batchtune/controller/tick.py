@@ -18,10 +18,12 @@ from batchtune.api import BatchTuningSpec, BatchTuningStatus, TrialRecord, Workl
 from batchtune.controller import status as status_io
 from batchtune.controller import telemetry
 from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
-from batchtune.core.gitops import gitops_manager
+from batchtune.core import ownership, scrape
 from batchtune.core.manifests import LABEL_TUNING
+from batchtune.core.ownership import ApplyMode
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
+from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import build_profile
@@ -79,8 +81,9 @@ class Tick:
     log: Log
     status: BatchTuningStatus = field(init=False)
     _spec: BatchTuningSpec | None = None
-    _view: tuple[WorkloadRecord | None, View] | None = None
+    _view: tuple[WorkloadRecord | None, View, float] | None = None
     _reader: MetricsReader | None = None
+    _scrape: ScrapeInterval | None = None
 
     def __post_init__(self) -> None:
         self.status = status_io.load(self.tuning.status)
@@ -107,13 +110,39 @@ class Tick:
         """The spec in core types and what derives from it, built once per tick (again only when planning records a
         new workload)."""
         workload = self.status.workload
-        if self._view is None or self._view[0] is not workload:
+        interval = self.scrape_interval().seconds
+        if self._view is None or self._view[0] is not workload or self._view[2] != interval:
             profile = workload.profile() if workload is not None else None
-            built = view_of(self.spec.core(), self.ports.install.scrape_interval_seconds, profile,
-                                workload.input_tokens if workload else None,
-                                workload.output_tokens if workload else None)
-            self._view = (workload, built)
+            built = view_of(self.spec.core(), interval, profile, workload.input_tokens if workload else None,
+                            workload.output_tokens if workload else None)
+            self._view = (workload, built, interval)
         return self._view[1]
+
+    # ---- the scrape interval ----------------------------------------------------------------
+
+    def scrape_interval(self) -> ScrapeInterval:
+        """The scrape interval this tuning's windows are held to (`core.scrape`): the install's override, else
+        what this tick found out (planning), else what planning recorded in status, else 15 s, said to be assumed."""
+        override = self.ports.install.scrape_interval_seconds
+        if override:
+            return ScrapeInterval(override, scrape.OVERRIDE_SOURCE)
+        if self._scrape is not None:
+            return self._scrape
+        recorded = self.status.plan.scrape_interval if self.status.plan else None
+        if recorded is not None:
+            return ScrapeInterval(recorded.seconds, recorded.source)
+        return scrape.assumed("planning recorded none (status from an older operator)")
+
+    def discover_scrape_interval(self, target: Target) -> ScrapeInterval:
+        """Ask the tuning's Prometheus how often it scrapes the target's pods (planning); the install's override
+        wins. `PrometheusUnavailable` propagates; a Prometheus that does not say gives the assumed 15 s."""
+        if self.ports.install.scrape_interval_seconds:
+            return self.scrape_interval()
+        found = self.reader(target.engine).scrape_interval(self.production(target),
+                                                           f"Deployment {self.tuning.namespace}/{target.name}")
+        self._scrape = found or scrape.assumed("Prometheus reported neither its targets' scrape intervals nor "
+                                               "its configuration")
+        return self._scrape
 
     # ---- status, conditions, events ---------------------------------------------------------
 
@@ -187,11 +216,14 @@ class Tick:
                              if LABEL_TUNING not in ((p["metadata"].get("labels")) or {})))
         return Production(self.tuning.namespace, names)
 
+    def apply_decision(self, target: Target) -> ApplyMode:
+        """Auto or Recommend and why (`core.ownership`): never Auto on a target a controller owns; spec.apply.mode,
+        else Recommend when Argo CD or Flux manages the target."""
+        return ownership.apply_mode(self.spec.apply.mode.value if self.spec.apply.mode else None, target.deployment)
+
     def apply_mode(self, target: Target) -> str:
-        """Auto or Recommend: spec.apply.mode, else Recommend when Argo CD or Flux manages the target."""
-        if self.spec.apply.mode:
-            return self.spec.apply.mode.value
-        return "Recommend" if gitops_manager(target.deployment) else "Auto"
+        """Auto or Recommend (`apply_decision`'s mode)."""
+        return self.apply_decision(target).mode
 
     # ---- trials ----------------------------------------------------------------------------
 
@@ -229,7 +261,7 @@ class Tick:
         """Production's measured workload, or why there is none (`PrometheusUnavailable` propagates)."""
         wanted = self.spec.load.production
         lookback = wanted.lookback_seconds
-        window = min(rate_window_seconds(self.ports.install.scrape_interval_seconds), lookback)
+        window = min(rate_window_seconds(self.scrape_interval().seconds), lookback)
         observation = self.reader(target.engine).production_workload(self.production(target), lookback, window)
         if observation is None:
             return f"Deployment {self.tuning.namespace}/{target.name} has no pods to measure"

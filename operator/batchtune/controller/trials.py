@@ -334,10 +334,11 @@ def read_run(tick: Tick, target: Target, trial: TrialRecord, current: LoadStepRe
     if window is None:
         retry(tick, trial, current, Reason.MEASUREMENT_UNAVAILABLE, "the load run has no measurement window")
         return None
-    short = measurement.window_too_short((window.end - window.start).total_seconds(), install.scrape_interval_seconds,
+    interval = tick.scrape_interval()
+    short = measurement.window_too_short((window.end - window.start).total_seconds(), interval.seconds,
                                          "spec.load.numPrompts" if spec.load.num_prompts else
                                          "spec.trial.bracketSeconds" if current.purpose is StepPurpose.BRACKET else
-                                         "spec.trial.measureSeconds")
+                                         "spec.trial.measureSeconds", interval.source)
     if short:
         give_up(tick, trial, current, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
         return None

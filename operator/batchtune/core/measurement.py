@@ -67,13 +67,15 @@ MIN_SCRAPES_PER_WINDOW = 2
 """rate() over a window needs at least two samples in it: a shorter window reads as no data."""
 
 
-def window_too_short(seconds: float, scrape_interval_s: float, knob: str = "spec.trial.measureSeconds") -> str | None:
-    """Why Prometheus cannot measure a window of `seconds`, or None; `knob` is the field that lengthens it."""
+def window_too_short(seconds: float, scrape_interval_s: float, knob: str = "spec.trial.measureSeconds",
+                     source: str = "the install's prometheus.scrapeIntervalSeconds") -> str | None:
+    """Why Prometheus cannot measure a window of `seconds`, or None; `knob` is the field that lengthens it and
+    `source` where the interval came from (`core.scrape.ScrapeInterval.source`)."""
     least = MIN_SCRAPES_PER_WINDOW * scrape_interval_s
     if seconds >= least:
         return None
     return (f"the measurement window is {seconds:.3g}s, shorter than {MIN_SCRAPES_PER_WINDOW} Prometheus scrape "
-            f"intervals ({least:g}s at {scrape_interval_s:g}s, the install's prometheus.scrapeIntervalSeconds): "
+            f"intervals ({least:g}s at {scrape_interval_s:g}s, {source}): "
             f"rates over it read as no data; raise {knob}")
 
 

@@ -142,6 +142,8 @@ class Reason(StrEnum):
     NO_FEASIBLE_SETTING = "NoFeasibleSetting"
     SELECTED = "Selected"
     RECOMMENDATION_READY = "RecommendationReady"
+    TARGET_OWNED = "TargetOwned"
+    """A controller owns the target (ownerReference with controller: true): recommended, never patched."""
     ALREADY_OPTIMAL = "AlreadyOptimal"
     COOLDOWN_ACTIVE = "CooldownActive"
     APPLY_CONFLICT = "ApplyConflict"
