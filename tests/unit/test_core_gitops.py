@@ -110,7 +110,7 @@ def test_detects_the_manager_from_its_marks(case):
     text = found.describe()
     for mark in evidence:
         assert mark in text, (mark, text)
-    assert gitops_manager(obj) == manager.title
+    assert gitops_manager(obj) == manager.words
 
 
 def test_helm_chart_instance_label_alone_is_not_argo():

@@ -138,13 +138,21 @@ def verify(tick: Tick) -> None:
     target = tick.target(applied.target if applied and applied.target else None)
     if target is None or applied is None or applied.applied_at is None:
         return
-    mark = AppliedMark.read(target.deployment)
-    if mark is None or not mark.by(tick.tuning.uid, tick.tuning.generation, tick.status.round or 1):
-        changed_by_others(tick, target.name, "its batchtune.io/applied record no longer names this BatchTuning")
-        return
-    if mark.state is not MarkState.APPLIED:
-        resume_from_mark(tick, target, mark)
-        return
+    if from_git(tick):
+        # PullRequest mode: no mark on production (Git wrote it); production must still run the proposed args.
+        mark = AppliedMark(tick.tuning.name, tick.tuning.uid, tick.tuning.generation, str(target.container["name"]),
+                           _args(applied.previous) or ContainerArgs(None, None),
+                           _args(applied.new) or ContainerArgs(None, None), applied.applied_at,
+                           round=tick.status.round or 1)
+    else:
+        read = AppliedMark.read(target.deployment)
+        if read is None or not read.by(tick.tuning.uid, tick.tuning.generation, tick.status.round or 1):
+            changed_by_others(tick, target.name, "its batchtune.io/applied record no longer names this BatchTuning")
+            return
+        mark = read
+        if mark.state is not MarkState.APPLIED:
+            resume_from_mark(tick, target, mark)
+            return
     current = container_of(target.deployment, mark.container)
     if current is None or ContainerArgs.of(current) != mark.applied:
         changed_by_others(tick, target.name, "its container's command line is no longer what batchtune applied")
@@ -217,8 +225,18 @@ def inconclusive(tick: Tick, target: Target, mark: AppliedMark, requests: float 
     tick.event(True, reason, message)
 
 
+def from_git(tick: Tick) -> bool:
+    """Whether this round's production change came from Git (PullRequest mode), not from a patch of ours."""
+    record = tick.status.pull_request
+    return record is not None and record.generation == tick.tuning.generation and \
+        (record.round or 1) == (tick.status.round or 1)
+
+
 def set_mark(tick: Tick, target: Target, mark: AppliedMark) -> bool:
-    """Write the mark's new state onto production (annotations only); False on a conflict (next tick)."""
+    """Write the mark's new state onto production (annotations only); False on a conflict (next tick).
+    PullRequest mode writes nothing to production: the state lives in status alone."""
+    if from_git(tick):
+        return True
     patch = {"metadata": {"resourceVersion": target.resource_version,
                           "annotations": {ANNOTATION_APPLIED: mark.to_annotation()}}}
     try:
@@ -259,6 +277,12 @@ def restore(tick: Tick, target_name: str) -> Restore:
 def rollback(tick: Tick, reason: Reason, message: str) -> None:
     applied = tick.status.applied
     assert applied is not None and applied.target is not None
+    if from_git(tick):
+        from batchtune.controller.gitdelivery import regressed
+
+        telemetry.ROLLBACKS.inc()
+        regressed(tick, reason, message)
+        return
     try:
         decision = restore(tick, applied.target)
     except Conflict:

@@ -8,7 +8,7 @@ from batchtune.controller.plan import production_peak
 from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.controller.trials import current_is_candidate, outcome_of
-from batchtune.core.gitops import gitops_manager
+from batchtune.core.gitops import Mode
 from batchtune.core.objective import Objective
 from batchtune.core.recommend import ContainerArgs as ProductionArgs
 from batchtune.core.recommend import kustomize_patch, production_args, recommend, replica_hint
@@ -83,16 +83,23 @@ def select(tick: Tick) -> None:
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
     tick.status.best_setting = chosen.best.label()
-    manager = gitops_manager(target.deployment)
-    if tick.apply_mode(target) == "Recommend":
-        why = (f"the target is managed by {manager}; set spec.apply.mode: Auto to patch it anyway"
-               if manager and not tick.spec.apply.mode else "spec.apply.mode is Recommend")
-        message = f"Recommended {chosen.best.label()} ({why}): {reason}" + _for(tick)
+    decision = tick.mode_decision(target)
+    if decision.downgraded:
+        tick.condition(ConditionType.DEGRADED, True, Reason.AUTO_DOWNGRADED, decision.why)
+        tick.event(True, Reason.AUTO_DOWNGRADED, decision.why)
+    if decision.mode is Mode.RECOMMEND:
+        message = f"Recommended {chosen.best.label()} ({decision.why}): {reason}" + _for(tick)
         tick.set_phase(Phase.RECOMMENDED, Reason.RECOMMENDATION_READY, message)
         tick.event(False, Reason.RECOMMENDATION_READY, message)
         submit_report(tick)
         return
-    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()}: {reason}" + _for(tick))
+    if decision.mode is Mode.PULL_REQUEST:
+        tick.set_phase(Phase.PROPOSING, Reason.SELECTED, f"Selected {chosen.best.label()} ({decision.why}); writing "
+                                                         f"it to Git: {reason}" + _for(tick))
+        submit_report(tick)
+        return
+    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {chosen.best.label()} ({decision.why}): {reason}"
+                   + _for(tick))
     submit_report(tick)  # again when production has verified or rolled back (controller.reconcile)
 
 
@@ -139,7 +146,7 @@ def keep(tick: Tick, target: Target, objective: Objective, current: TrialRecord,
         container=ContainerArgs.model_validate(runs.to_wire()))
     tick.status.best_trial = current.name
     tick.status.best_setting = current.setting.summary()
-    phase = Phase.RECOMMENDED if tick.apply_mode(target) == "Recommend" else Phase.SUCCEEDED
+    phase = Phase.SUCCEEDED if tick.apply_mode(target) == Mode.AUTO else Phase.RECOMMENDED
     message = f"Kept production's setting ({current.setting.summary()}): {judged.message}" + _for(tick)
     tick.set_phase(phase, judged.reason, message)
     submit_report(tick)  # after the phase, so the page names it

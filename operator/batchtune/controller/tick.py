@@ -17,7 +17,7 @@ from batchtune.api import BatchTuningSpec, BatchTuningStatus
 from batchtune.controller import status as status_io
 from batchtune.controller.ports import NotAllowed, Ports
 from batchtune.controller.prometheus import Production, PrometheusUnavailable, sanitize
-from batchtune.core.gitops import gitops_manager
+from batchtune.core.gitops import ModeDecision, detect, resolve_mode
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.promql import LabelNames, MetricNames, QueryContext
 from batchtune.core.slo import SloTargets
@@ -151,12 +151,18 @@ class Tick:
                              if LABEL_TUNING not in ((p["metadata"].get("labels")) or {})))
         return Production(self.tuning.namespace, names)
 
-    def apply_mode(self, target: Target) -> str:
-        """Auto or Recommend: spec.apply.mode, else Recommend when Argo CD or Flux manages the target."""
+    def mode_decision(self, target: Target) -> ModeDecision:
+        """The apply mode that runs, and why: spec.apply.mode, what manages the target, spec.apply.git."""
         assert self.spec is not None
-        if self.spec.apply.mode:
-            return self.spec.apply.mode.value
-        return "Recommend" if gitops_manager(target.deployment) else "Auto"
+        a = self.spec.apply
+        found = detect(target.deployment, str(target.container.get("name") or ""),
+                       self.ports.install.argocd_instance_labels)
+        return resolve_mode(a.mode.value if a.mode else None, a.git is not None, found,
+                            [m.value for m in a.auto_under_managers or ()])
+
+    def apply_mode(self, target: Target) -> str:
+        """Auto, Recommend or PullRequest (`mode_decision`)."""
+        return self.mode_decision(target).mode.value
 
     # ---- Prometheus ------------------------------------------------------------------------
 

@@ -33,14 +33,14 @@ from typing import Any
 
 
 class Manager(StrEnum):
-    """A tool that re-applies the Deployment from its own source (the spec's enum words)."""
+    """A tool that re-applies a Deployment from its own source (spec.apply.autoUnderManagers)."""
 
     ARGO_CD = "ArgoCD"
     FLUX = "Flux"
     HELM = "Helm"
 
     @property
-    def title(self) -> str:
+    def words(self) -> str:
         return {"ArgoCD": "Argo CD", "Flux": "Flux", "Helm": "Helm"}[self.value]
 
 
@@ -72,7 +72,7 @@ class Finding:
         owns = "" if self.owns_args is None else (
             "; it owns the engine container's command/args" if self.owns_args
             else "; its field manager does not own the engine container's command/args")
-        return f"{self.manager.title} ({', '.join(self.evidence)}{owns})"
+        return f"{self.manager.words} ({', '.join(self.evidence)}{owns})"
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def detect(obj: Mapping[str, Any], container: str | None = None,
 def gitops_manager(obj: Mapping[str, Any]) -> str | None:
     """The re-applying manager's name in words ("Argo CD", "Flux", "Helm"), else None."""
     primary = detect(obj).primary
-    return primary.manager.title if primary else None
+    return primary.manager.words if primary else None
 
 
 # ---- the mode that runs -----------------------------------------------------------------------

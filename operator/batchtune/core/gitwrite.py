@@ -31,9 +31,24 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 
 class Layout(StrEnum):
+    """How the repository holds the engine container's command line (spec.apply.git.layout)."""
+
     KUSTOMIZE = "Kustomize"
+    """path is a kustomization's directory: batchtune writes batchtune-<deployment>.yaml there (a strategic-merge
+    patch of the container's command/args) and lists it under patches."""
     HELM_VALUES = "HelmValues"
+    """path is a values file: the list at valuesKey holds the engine's flags and gets its batching flags rewritten."""
     MANIFEST = "Manifest"
+    """path is the manifest holding the Deployment: the engine container's command/args are rewritten in place."""
+
+
+class ForgeType(StrEnum):
+    """The forge whose API opens pull (merge) requests (spec.apply.git.forge.type)."""
+
+    GITHUB = "GitHub"
+    GITEA = "Gitea"
+    """Gitea or Forgejo (the same API)."""
+    GITLAB = "GitLab"
 
 
 class EditError(Exception):
@@ -51,7 +66,7 @@ def _get(node: Node | None, key: str) -> Node | None:
         return None
     for k, v in node.value:
         if isinstance(k, ScalarNode) and k.value == key:
-            return v
+            return v if isinstance(v, Node) else None
     return None
 
 
@@ -107,7 +122,7 @@ def _line_end(text: str, index: int) -> int:
 
 def _replace_sequence(text: str, node: SequenceNode, new: Sequence[str]) -> str:
     """`text` with the list at `node` holding `new`, touching only the lines of items that changed."""
-    old_items: list[ScalarNode] = list(node.value)  # type: ignore[arg-type]
+    old_items: list[ScalarNode] = list(node.value)
     old = [str(i.value) for i in old_items]
     if old == list(new):
         return text
@@ -167,9 +182,9 @@ def _containers(doc: Node) -> SequenceNode | None:
 
 def _find_deployment(docs: Sequence[Node], name: str) -> int | None:
     for i, doc in enumerate(docs):
-        kind, meta = _get(doc, "kind"), _get(doc, "metadata")
-        if isinstance(kind, ScalarNode) and kind.value == "Deployment" and \
-                isinstance(_get(meta, "name"), ScalarNode) and _get(meta, "name").value == name:  # type: ignore[union-attr]
+        kind, named = _get(doc, "kind"), _get(_get(doc, "metadata"), "name")
+        if isinstance(kind, ScalarNode) and kind.value == "Deployment" and isinstance(named, ScalarNode) and \
+                named.value == name:
             return i
     return None
 
