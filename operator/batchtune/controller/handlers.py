@@ -184,6 +184,7 @@ def tuning(body: kopf.Body) -> Tuning:
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
 def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
     status = body.get("status") or {}
+    telemetry.export_decision(body)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
         status.get("observedGeneration") == body["metadata"].get("generation")
     the_ports = ports(kwargs)
@@ -205,6 +206,7 @@ def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any)
 def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     from batchtune.controller.ports import Conflict
 
+    telemetry.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         on_delete(tuning(body), ports(kwargs), datetime.now(UTC), logger)
     except Conflict as exc:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 TRIALS = Counter("batchtune_trials_total", "Trials finished, by result.", ["result"])
 TUNING_DURATION = Histogram(
@@ -14,6 +18,60 @@ PROMETHEUS_QUERIES = Counter("batchtune_prometheus_queries_total", "Prometheus q
 RECONCILE_SECONDS = Histogram("batchtune_reconcile_seconds", "Time spent in one reconcile step.",
                               buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
 ROLLBACKS = Counter("batchtune_rollbacks_total", "Production rollbacks after a failed verify.")
+DECISION_LABELS = ["namespace", "batchtuning", "deployment"]
+SLO_CAPACITY = Gauge(
+    "batchtune_slo_capacity_requests_per_second",
+    "The chosen setting's measured SLO capacity per replica: requests per second one replica serves within every SLO "
+    "target tightened by the SLO's headroom (the worst repeat). An autoscaler's per-replica target.", DECISION_LABELS)
+SETTING = Gauge("batchtune_setting_value", "The chosen setting's knob values (maxNumSeqs, gpuMemoryUtilizationPercent, "
+                                           "maxNumBatchedTokens), per tuned Deployment.", [*DECISION_LABELS, "knob"])
+SLO_HEADROOM = Gauge("batchtune_slo_headroom_percent", "The SLO headroom the capacity was measured under.",
+                     DECISION_LABELS)
+_EXPORTED: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+
+
+def export_decision(body: Mapping[str, Any]) -> None:
+    """Set the decision gauges from a BatchTuning's status (level-based: every tick; gone knobs are removed)."""
+    from batchtune.core.autoscale import NoCapacity, capacity_of
+
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    rec = (body.get("status") or {}).get("recommendation") or {}
+    deployment = str(((body.get("spec") or {}).get("targetRef") or {}).get("name") or "")
+    if not rec or not deployment:
+        forget(*key)
+        return
+    if key in _EXPORTED and _EXPORTED[key][0] != deployment:
+        forget(*key)
+    labels = (key[0], key[1], deployment)
+    knobs = {k: v for k, v in (rec.get("setting") or {}).items() if isinstance(v, int | float)}
+    for knob in set(_EXPORTED.get(key, ("", ()))[1]) - set(knobs):
+        SETTING.remove(*labels, knob)
+    for knob, value in knobs.items():
+        SETTING.labels(*labels, knob).set(value)
+    try:
+        cap = capacity_of(dict(body))
+        SLO_CAPACITY.labels(*labels).set(cap.requests_per_second)
+        SLO_HEADROOM.labels(*labels).set(cap.headroom_percent)
+    except NoCapacity:
+        for gauge in (SLO_CAPACITY, SLO_HEADROOM):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
+    _EXPORTED[key] = (deployment, tuple(knobs))
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop a BatchTuning's decision gauges (deleted, or no recommendation any more)."""
+    deployment, knobs = _EXPORTED.pop((namespace, name), ("", ()))
+    if not deployment:
+        return
+    labels = (namespace, name, deployment)
+    for gauge in (SLO_CAPACITY, SLO_HEADROOM):
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
+    for knob in knobs:
+        with contextlib.suppress(KeyError):
+            SETTING.remove(*labels, knob)
 
 
 def serve(port: int, address: str) -> None:
