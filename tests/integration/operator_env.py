@@ -91,8 +91,10 @@ def grant_operator_rbac(kubectl: Callable[..., Any]) -> None:
 class Operator:
     """`batchtune operator -n NS` as a subprocess with the operator's own kubeconfig."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.extra_args = extra_args
+        """More `batchtune operator` flags (install settings: --allowed-git-url, ...)."""
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -104,7 +106,7 @@ class Operator:
         log = open(self.log_dir / f"operator-{self.starts}.log", "w")  # noqa: SIM115  # the operator's stdout while it runs
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchtune", "operator", "-n", self.namespace, "--tick-seconds", "1",
-             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", ""],
+             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", "", *self.extra_args],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.liveness = f"http://127.0.0.1:{port}/healthz"
 
@@ -126,10 +128,11 @@ class Operator:
         return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
-def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path) -> Iterator[Operator]:
+def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path,
+                     extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:
     """The body of an `operator` fixture: the operator for the test, then its BatchTunings deleted while
     it still runs (so their finalizer is honoured and the namespace can go), then stopped."""
-    op = Operator(Path(operator_kubeconfig), namespace, log_dir)
+    op = Operator(Path(operator_kubeconfig), namespace, log_dir, extra_args)
     op.start()
     yield op
     op.start() if op.proc is None or op.proc.poll() is not None else None

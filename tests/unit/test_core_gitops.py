@@ -195,3 +195,11 @@ def test_a_downgrade_names_the_manager_and_the_way_out():
     assert "managed by Argo CD (annotation argocd.argoproj.io/tracking-id=llm-app:apps/Deployment:inference/llm" \
         in decision.why
     assert "spec.apply.autoUnderManagers" in decision.why and "using Recommend" in decision.why
+
+
+def test_a_tracking_id_naming_another_object_is_a_copy_not_argo():
+    """Argo CD ignores a tracking annotation that does not reference the resource it is on (resource_tracking.md)."""
+    own = deployment(annotations={TRACKING: "llm-app:apps/Deployment:inference/llm"})
+    assert detect(own, "vllm").managers == (Manager.ARGO_CD,)
+    copied = deployment(annotations={TRACKING: "llm-app:apps/Deployment:other-namespace/llm"})
+    assert not detect(copied, "vllm")

@@ -142,13 +142,13 @@ def test_wrong_credentials_wait_and_never_show_the_token(server):
 
 def test_explicit_auto_on_an_argo_cd_target_is_downgraded_unless_carved_out():
     w = world(apply={"mode": "Auto"})
-    w.deployments["llm"]["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] = "llm:apps/Deployment:ns/llm"
+    w.deployments["llm"]["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] = f"llm:apps/Deployment:{NS}/llm"
     assert w.run_until(TERMINAL) == "Recommended" and w.patches == []
     assert w.condition("Degraded")["reason"] == "AutoDowngraded"
-    assert "Argo CD (annotation argocd.argoproj.io/tracking-id=llm:apps/Deployment:ns/llm" in \
+    assert f"Argo CD (annotation argocd.argoproj.io/tracking-id=llm:apps/Deployment:{NS}/llm" in \
         w.condition("Degraded")["message"]
     w = world(apply={"mode": "Auto", "autoUnderManagers": ["ArgoCD"]})
-    w.deployments["llm"]["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] = "llm:apps/Deployment:ns/llm"
+    w.deployments["llm"]["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] = f"llm:apps/Deployment:{NS}/llm"
     assert w.run_until(TERMINAL) == "Succeeded" and w.patches
 
 

@@ -137,6 +137,25 @@ def _owns(entries: Sequence[Mapping[str, Any]], container: str | None) -> bool |
     return None if not entries else any(owns_container_args(e, container) for e in entries)
 
 
+def _tracks_itself(tracking_id: str, obj: Mapping[str, Any]) -> bool:
+    """Whether Argo CD's tracking id (`<app>:<group>/<kind>:<namespace>/<name>`) names this very object.
+
+    Argo CD ignores a tracking annotation that names another resource (a copy made by another tool), so
+    such an object is not Argo CD's. An id that does not parse counts as Argo CD's (the safe side).
+    """
+    try:
+        _, gk, nn = tracking_id.rsplit(":", 2)
+        group, _, kind = gk.rpartition("/")
+        namespace, _, name = nn.rpartition("/")
+    except ValueError:
+        return True
+    meta = obj.get("metadata") or {}
+    api_group = str(obj.get("apiVersion") or "apps/v1").rpartition("/")[0]
+    checks = [(name, meta.get("name")), (kind, obj.get("kind")), (group, api_group),
+              (namespace, meta.get("namespace"))]
+    return all(want is None or have == want for have, want in checks)
+
+
 def detect(obj: Mapping[str, Any], container: str | None = None,
            instance_labels: Sequence[str] = DEFAULT_INSTANCE_LABELS) -> Detection:
     """Every manager whose marks `obj` carries, the re-applying one first.
@@ -161,8 +180,9 @@ def detect(obj: Mapping[str, Any], container: str | None = None,
 
     argo_entries = _manager_entries(obj, ARGO_FIELD_MANAGERS)
     argo: list[str] = []
-    if ARGO_TRACKING_ANNOTATION in annotations:
-        argo.append(f"annotation {ARGO_TRACKING_ANNOTATION}={annotations[ARGO_TRACKING_ANNOTATION]}")
+    tracking = annotations.get(ARGO_TRACKING_ANNOTATION)
+    if tracking is not None and _tracks_itself(str(tracking), obj):
+        argo.append(f"annotation {ARGO_TRACKING_ANNOTATION}={tracking}")
     others = bool(helm_marks or helm_entries or flux or flux_entries)
     for key in instance_labels:
         if key not in labels:
