@@ -107,6 +107,7 @@ def git_operator(cluster, kube, kubectl, namespace, batchtuning_crd, git_server,
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "batchtune-secrets"},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "batchtune-operator"}]}
     kubectl("apply", "-f", "-", input=yaml.safe_dump_all([role, binding]))
+    (tmp_path / "logs").mkdir()
     yield from running_operator(cluster.operator_kubeconfig, kube, namespace, tmp_path / "logs",
                                 ("--allowed-git-url", git_server.base_url))
 

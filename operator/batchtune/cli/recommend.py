@@ -45,6 +45,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--min-replicas", type=int, default=None, help="hpa/keda: least replicas (default 1)")
     p.add_argument("--max-replicas", type=int, default=None,
                    help="hpa/keda: most replicas (default twice the replica hint, at least 2)")
+    p.add_argument("--scale-down-seconds", type=int, default=300,
+                   help="hpa: scale-down stabilization window (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         kube = connect(args.kubeconfig, args.context)
         bt = kube.get_batchtuning(kube.namespace(args.namespace), args.name)
         if args.output in AUTOSCALERS:
-            text, note = autoscaler_text(bt, args.output, args.min_replicas, args.max_replicas)
+            text, note = autoscaler_text(bt, args.output, args.min_replicas, args.max_replicas,
+                                         args.scale_down_seconds)
         else:
             text, note = recommendation_text(bt, args.output)
     except (CliError, NoRecommendation, ValueError) as exc:
@@ -102,7 +105,7 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
 
 
 def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None = None,
-                    max_replicas: int | None = None) -> tuple[str, str]:
+                    max_replicas: int | None = None, scale_down_seconds: int = 300) -> tuple[str, str]:
     """(the HPA or ScaledObject YAML, a note for stderr); NoRecommendation when nothing was measured to scale on."""
     from batchtune.core import autoscale
 
@@ -116,7 +119,7 @@ def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None
     counter = names.get("requestSuccess") or "vllm:request_success_total"
     ns_label, pod_label = labels.get("namespace") or "namespace", labels.get("pod") or "pod"
     if output == "hpa":
-        manifest = autoscale.hpa(cap, min_replicas, max_replicas)
+        manifest = autoscale.hpa(cap, min_replicas, max_replicas, scale_down_seconds)
         rule = yaml.safe_dump({"rules": [autoscale.adapter_rule(counter, ns_label, pod_label)]}, sort_keys=False)
         header = ("HorizontalPodAutoscaler from batchtune: target = the measured SLO capacity per replica.\n"
                   "It needs a custom-metrics adapter serving vllm_requests_per_second; prometheus-adapter's rule:\n"
