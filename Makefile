@@ -27,11 +27,12 @@ image:
 demo: setup
 	hack/demo/run $(if $(ROLLBACK),--rollback)
 
-# All tiers: unit tests, then integration tests on the local cluster (started if not running), the
-# real-vLLM tier (its own cluster; make real-vllm is cached) and the image's smoke test. The image is
-# built first, before the cluster starts (a no-op when up to date).
-test: setup image real-vllm
-	$(PY) -m pytest
+# All tiers (hack/test-suite): the cold builds (binaries, real-vLLM environment, image; each cached by
+# content) start in the background while the unit tier runs on every core, then the integration tier runs in
+# lanes, each pytest-xdist worker on local clusters of its own, the real-vLLM tests on one of them.
+# out/ci/phases.tsv records each phase; the table is printed at the end.
+test: venv
+	$(PY) hack/test-suite
 
 # ruff everywhere; mypy on the package (strict on the core and the engine seam). See pyproject.toml.
 lint: venv
@@ -39,10 +40,10 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test-unit: venv
-	$(PY) -m pytest -m 'not integration'
+	$(PY) hack/test-suite --unit-only
 
-test-integration: setup real-vllm
-	$(PY) -m pytest -m integration
+test-integration: setup image real-vllm
+	$(PY) -m pytest -m integration -n $(or $(LANES),3) --dist loadgroup --no-loadscope-reorder
 
 cluster-up: setup
 	hack/localcluster/up

@@ -1,8 +1,8 @@
 """Smoke test of the operator image that `make image` builds (hack/image/build): the OCI archive in
 out/ is unpacked with buildah (vfs storage, chroot isolation) and its commands are run inside it.
 
-`make image` runs first: a no-op when out/ holds an image of the current sources, a build otherwise
-(about 30 s with the base root filesystem cached, a few minutes cold). Needs root, like the build
+`make image` runs before the tier (`make test`, `make test-integration`); the fixture runs it again, a no-op when
+out/ holds an image of the current sources. Needs root, like the build
 (debootstrap, buildah's chroot isolation); skipped, saying so, only when buildah cannot run here.
 Marked `integration` too, so `make test-unit` (-m 'not integration') never builds an image.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.image, pytest.mark.timeout(1200)]
+# `make test` and `make test-integration` build the image first, so the fixture's `make image` is a no-op check.
+pytestmark = [pytest.mark.integration, pytest.mark.image, pytest.mark.timeout(300), pytest.mark.xdist_group("image")]
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHIVE = REPO / "out" / "batchtune-image.oci.tar"
@@ -70,7 +71,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
     if reason:
         pytest.skip(f"buildah cannot run here: {reason}")
     # Builds when missing or stale, installing buildah/debootstrap/skopeo with apt when they are missing.
-    build = subprocess.run(["make", "-s", "image"], cwd=REPO, capture_output=True, text=True, timeout=1100)
+    build = subprocess.run(["make", "-s", "image"], cwd=REPO, capture_output=True, text=True, timeout=280)
     assert build.returncode == 0, f"make image failed:\n{build.stdout}\n{build.stderr[-4000:]}"
     assert ARCHIVE.is_file(), f"make image left no {ARCHIVE}"
     storage = tmp_path_factory.mktemp("buildah")

@@ -8,6 +8,7 @@ disturb the cluster's own nodes. The metrics test uses the cluster's agent, whic
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import secrets
 import signal
@@ -26,7 +27,8 @@ import pytest
 
 import batchtune_local as lc
 
-pytestmark = pytest.mark.integration
+# One lane runs the module: its tests share one extra node agent (`pool`).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("nodeagent-pool")]
 
 POOL_LABEL = "batchtune.io/nodeagent-test"
 POOL_NETWORK = lc.lanes.scratch_network()
@@ -170,7 +172,7 @@ def test_deployment_pod_runs_ready_answers_on_its_ip_and_deletion_ends_it(pool, 
 
     pod = wait_for(ready_pod, timeout=60, what="a Running, Ready pod of Deployment web")
     ip = pod.status.pod_ip
-    assert ip.startswith(POOL_NETWORK.rsplit(".", 2)[0] + ".") and pod.status.host_ip == "127.0.0.1"
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(POOL_NETWORK) and pod.status.host_ip == "127.0.0.1"
     assert pod.spec.node_name in pool.nodes
     body = urllib.request.urlopen(f"http://{ip}:8080/", timeout=5).read().decode()
     assert body.split()[0] == pod.metadata.name and body.split()[1].isdigit()

@@ -41,7 +41,9 @@ sys.path.insert(0, str(REPO / "hack" / "real-vllm"))
 from golden_schema import GOLDEN_DIR, metric_schema  # noqa: E402
 from record_golden import root_cause  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.real_vllm, pytest.mark.slow]
+# One lane runs the whole module: its tests share one real-engine cluster and one server, and the last reads the
+# others' results.
+pytestmark = [pytest.mark.integration, pytest.mark.real_vllm, pytest.mark.slow, pytest.mark.xdist_group("real-vllm")]
 
 IMAGE = "vllm/vllm-openai:v0.32.0-cpu"
 SERVED = "tiny"

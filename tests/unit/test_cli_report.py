@@ -70,6 +70,15 @@ def test_report_command_writes_the_configmap_files_and_prints_the_paths(api, tmp
     assert str(out_dir / "curves.png") in out and "from ConfigMap llama-8b-report" in out
 
 
+def test_a_long_output_path_is_printed_on_one_line(api, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    api.add_batchtuning(cli_fakes.succeeded())
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    out_dir = tmp_path / ("deep-" * 20)  # longer than the terminal is wide
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(out_dir)]) == 0
+    assert str(out_dir / "trials.csv") in capsys.readouterr().out
+
+
 def test_report_default_folder_is_named_after_the_tuning(api, tmp_path, monkeypatch, capsys):
     api.add_batchtuning(cli_fakes.succeeded())
     kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")

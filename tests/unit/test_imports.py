@@ -11,6 +11,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import batchtune
 
 MODULES = sorted(m.name for m in pkgutil.walk_packages(batchtune.__path__, "batchtune.")
@@ -27,6 +29,7 @@ print("\\n".join(failed))
 """
 
 
+@pytest.mark.timeout(700)  # above the run's own 600 s; one interpreter per module, each importing its dependencies from cold
 def test_every_module_imports_first_in_its_own_interpreter():
     done = subprocess.run([sys.executable, "-c", SCRIPT, *MODULES], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

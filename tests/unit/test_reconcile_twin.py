@@ -69,6 +69,7 @@ def world(model=twin_model, **overrides) -> World:  # noqa: ANN001
     return w
 
 
+@pytest.mark.timeout(600)  # the twin worker calibrates and ranks in-process: minutes on a loaded 2-core machine
 def test_twin_guided_calibrates_and_predicts_the_deployment_it_measured():
     # Open loop: the calibrated twin reproduces the hidden reality and stops after the calibration trial.
     w = world(model=open_model, load={"requestsPerMinute": 600, "inputTokens": 512, "outputTokens": 128},
@@ -87,6 +88,7 @@ def test_twin_guided_calibrates_and_predicts_the_deployment_it_measured():
     assert abs(trials[0]["prediction"]["objective"] / measured - 1) > 0.12
 
 
+@pytest.mark.timeout(600)  # the twin worker calibrates and ranks in-process: minutes on a loaded 2-core machine
 def test_twin_guided_shows_predicted_against_measured_for_every_trial():
     w = world()
     assert w.run_until(TERMINAL) == "Recommended"
@@ -103,6 +105,7 @@ def test_twin_guided_shows_predicted_against_measured_for_every_trial():
     assert w.status["recommendation"]["setting"] in [t["setting"] for t in trials]
 
 
+@pytest.mark.timeout(600)  # the twin worker calibrates and ranks in-process: minutes on a loaded 2-core machine
 def test_a_twin_that_misses_its_confirmations_is_distrusted_and_adaptive_measures():
     w = world(model=knee_model)  # the engine behaves like nothing the twin knows
     assert w.run_until(TERMINAL) == "Recommended"

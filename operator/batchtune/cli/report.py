@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     console.print()
     console.print(text(f"Report ({source}):"))
     for path in paths:
-        console.print(text(f"  {path}"))
+        console.print(text(f"  {path}"), soft_wrap=True)  # a path folded over two lines cannot be copied
     return 0
 
 
