@@ -211,3 +211,17 @@ def test_commit_message_carries_the_table():
     assert text.splitlines()[0] == "llm: maxNumSeqs=64"
     assert "t-0    maxNumSeqs=64  Met" in text
     assert "- ITL p95 31 ms of 40 ms (23% to spare)" in text
+
+
+@pytest.mark.parametrize("kind, url, api", [
+    ("GitHub", "https://github.com/acme/deploy.git", "https://api.github.com"),
+    ("GitHub", "https://ghe.example.com/acme/deploy.git", "https://ghe.example.com/api/v3"),
+    ("Gitea", "https://git.example.com/acme/deploy.git", "https://git.example.com/api/v1"),
+    ("GitLab", "https://gitlab.example.com/group/sub/deploy.git", "https://gitlab.example.com/api/v4"),
+])
+def test_forge_api_url_from_the_repository_url(kind, url, api):
+    from batchtune.controller.forge import api_url, repo_path
+    from batchtune.core.gitwrite import ForgeType
+
+    assert api_url(ForgeType(kind), url) == api
+    assert repo_path(url)[1] == "deploy"

@@ -92,6 +92,21 @@ def test_pull_request_mode_pushes_a_branch_verifies_the_merged_change_and_never_
     assert "MergedChangeRunning" in [r for _, r, _ in w.events]
 
 
+def test_a_regression_on_the_merged_change_fails_and_names_the_commit_to_revert(server):
+    from test_reconcile import degrade_after_change
+
+    w = git_world(server)
+    degrade_after_change(w)
+    assert run(w, server, {"AwaitingMerge"} | TERMINAL) == "AwaitingMerge"
+    commit = w.status["pullRequest"]["commit"]
+    server.merge("org/deploy", w.status["pullRequest"]["branch"])
+    sync_from_git(w, server)
+    assert run(w, server, TERMINAL) == "Failed"
+    assert w.condition("Failed")["reason"] == "Regression" and w.condition("Degraded")["reason"] == "Regression"
+    assert f"revert commit {commit[:12]}" in w.condition("Failed")["message"]
+    assert w.patches == []  # batchtune never overwrites what Git deployed
+
+
 def test_a_new_generation_supersedes_the_unmerged_branch(server):
     w = git_world(server)
     assert run(w, server, {"AwaitingMerge"}) == "AwaitingMerge"
