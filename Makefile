@@ -34,10 +34,12 @@ demo: setup
 test: venv
 	$(PY) hack/test-suite
 
-# ruff everywhere; mypy on the package (strict on the core and the engine seam). See pyproject.toml.
+# ruff everywhere (with a complexity ceiling); mypy on the package (strict on the core, the engine seam and the
+# controller); the layering contracts (lint-imports: core imports only core, no cycles, ...). See pyproject.toml.
 lint: venv
 	$(VENV)/bin/ruff check operator tests hack/localcluster
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test-unit: venv
 	$(PY) hack/test-suite --unit-only

@@ -2,9 +2,10 @@
 
 - Integration tests run in lanes (pytest-xdist, `--dist loadgroup`, each worker with clusters of its own; see
   hack/test-suite). A module whose tests share an expensive module-scoped fixture marks itself
-  `xdist_group(...)`, so one worker runs it whole. Work units are ordered by their expected length, the sum of
-  their tests' explicit timeouts (a test without one counts as short), so the longest start first and the
-  lanes finish together.
+  `xdist_group(...)`, so one worker runs it whole. (xdist's own loadgroup renames items to carry the group, which
+  pytest 9.2 no longer honours: the first worker writes each test's group to a file and GroupScheduling reads it.)
+  Work units are ordered by their expected length, the sum of their tests' explicit timeouts (a test without one
+  counts as short), so the longest start first and the lanes finish together.
 - Every test's setup, call and teardown together are held against its effective timeout (pytest-timeout's
   marker, else the ini's). The summary names each test that used more than NEAR_TIMEOUT of it, and each test
   that ran longer than LONG_S without an explicit timeout of its own.
@@ -12,7 +13,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -48,8 +53,60 @@ def work_unit(item: pytest.Item) -> str:
     return item.nodeid
 
 
+GROUPS_KEY = "batchtune_groups_file"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "loadgroup":
+        return
+    handle, path = tempfile.mkstemp(prefix="batchtune-xdist-groups-", suffix=".json")
+    os.close(handle)
+    config.stash[GROUPS_STASH] = Path(path)
+
+
+GROUPS_STASH = pytest.StashKey[Path]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(GROUPS_STASH, None)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001  # xdist's WorkerController
+    path = node.config.stash.get(GROUPS_STASH, None)
+    if path is not None:
+        node.workerinput[GROUPS_KEY] = str(path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
+    path = config.stash.get(GROUPS_STASH, None)
+    if path is None:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """loadgroup's units: a test's xdist group as its first worker wrote it down, else the test alone."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                text = path.read_text(encoding="utf-8")
+                self.groups = json.loads(text) if text.strip() else {}
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    worker = getattr(config, "workerinput", {})
+    if GROUPS_KEY in worker and worker.get("workerid") == "gw0":
+        groups = {i.nodeid: work_unit(i) for i in items if i.get_closest_marker("xdist_group")}
+        Path(worker[GROUPS_KEY]).write_text(json.dumps(groups), encoding="utf-8")
     for item in items:
         timeout = effective_timeout(item)
         item.user_properties.append(("timeout_s", timeout))

@@ -133,7 +133,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_seqs: int | None,
+def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_seqs: int | None,  # noqa: C901
                slo: Mapping[str, Any], percentile: str = "P95", title: str = "",
                curve_load: Mapping[str, Any] | None = None, curves_off: bool = False) -> bytes:
     """GPU utilization, output throughput and latency against max-num-seqs at ONE common offered load

@@ -250,7 +250,7 @@ def predictions(trial: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _predicted(bt: Mapping[str, Any]) -> str:
+def _predicted(bt: Mapping[str, Any]) -> str:  # noqa: C901
     status = _d(bt, "status")
     trials = [t for t in _list(status.get("trials")) if isinstance(t, Mapping)]
     notes = [str(n) for n in _list(_m(status, "plan", "notes"))]

@@ -90,6 +90,7 @@ def operator_pod(kube, namespace: str, release: str) -> dict:
     return kube.api.sanitize_for_serialization(live[0])
 
 
+@pytest.mark.timeout(900)  # above its waits: two 180 s installs, 240 s for the tuning and 60 s waits
 def test_install_wait_upgrade_and_the_operator_reconciles_under_chart_rbac(
         cluster, kube, kubectl, helm, releases, namespace, batchtuning_crd, wait_for):
     release = f"bt-{secrets.token_hex(3)}"

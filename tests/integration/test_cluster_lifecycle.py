@@ -21,8 +21,9 @@ HACK = Path(__file__).resolve().parents[2] / "hack" / "localcluster"
 
 
 def _hack(command: str, state_dir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    # Lane 0 takes BATCHTUNE_CLUSTER_DIR as it is (other lanes would suffix it).
-    env = {**os.environ, "BATCHTUNE_CLUSTER_DIR": str(state_dir), "BATCHTUNE_LANE": "0"}
+    # The classic lane takes BATCHTUNE_CLUSTER_DIR as it is (another lane or an xdist worker would suffix it).
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env.update(BATCHTUNE_CLUSTER_DIR=str(state_dir), BATCHTUNE_LANE="0")
     return subprocess.run([str(HACK / command), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 

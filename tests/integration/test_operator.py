@@ -84,6 +84,7 @@ def predicted_best(seqs: list[int], gmu: int, slo_itl: float, slo_e2e: float, he
     return out
 
 
+@pytest.mark.timeout(600)  # above its waits: 90 s for production, 420 s for the tuning
 def test_auto_tunes_applies_and_verifies_production(kube, namespace, operator, prometheus_url, wait_for):
     apply(kube, production(namespace))
     wait_ready(kube, namespace, "llm", wait_for)
@@ -138,6 +139,7 @@ def test_auto_tunes_applies_and_verifies_production(kube, namespace, operator, p
     assert "data:image/png;base64," in report.data["report.html"] and "Succeeded" in report.data["report.html"]
 
 
+@pytest.mark.timeout(600)  # above two tunings, 240 s each at most
 def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace, operator, prometheus_url,
                                                                   wait_for):
     apply(kube, production(namespace, "plain"))
@@ -172,6 +174,7 @@ def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace
         assert now.spec.template.spec.containers[0].args == dep.spec.template.spec.containers[0].args
 
 
+@pytest.mark.timeout(420)  # above 240 s for the tuning
 def test_infeasible_setting_is_classified_and_the_search_goes_on(kube, namespace, operator, prometheus_url,
                                                                  wait_for):
     apply(kube, production(namespace))
@@ -194,6 +197,7 @@ def test_infeasible_setting_is_classified_and_the_search_goes_on(kube, namespace
     assert bt["status"]["recommendation"]["setting"]["gpuMemoryUtilizationPercent"] == 95
 
 
+@pytest.mark.timeout(600)  # above 120 s to start, 120 s to degrade, 240 s to decide
 def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prometheus_url, cluster, wait_for):
     apply(kube, production(namespace))
     wait_ready(kube, namespace, "llm", wait_for)
@@ -229,6 +233,7 @@ def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prome
     assert step["verdict"] == "Met" and step["metrics"]["outputThroughput"] > 0
 
 
+@pytest.mark.timeout(1260)  # above its kill loop's 900 s and 300 s to finish
 def test_operator_killed_at_random_moments_finishes_an_auto_tuning_exactly_once(kube, namespace, operator,
                                                                                 prometheus_url, wait_for):
     """SIGKILL at seeded random moments over trials, apply and verify: same decision, nothing twice,
@@ -288,6 +293,7 @@ def test_operator_killed_at_random_moments_finishes_an_auto_tuning_exactly_once(
     assert capacity[status["recommendation"]["setting"]["maxNumSeqs"]] >= 0.85 * max(capacity.values())
 
 
+@pytest.mark.timeout(600)  # above 240 s to verify, 240 s to roll back
 def test_failed_verify_rolls_back_to_the_exact_previous_args(kube, namespace, operator, prometheus_url, wait_for):
     apply(kube, production(namespace))
     wait_ready(kube, namespace, "llm", wait_for)
@@ -317,6 +323,7 @@ def test_failed_verify_rolls_back_to_the_exact_previous_args(kube, namespace, op
     assert mark["state"] == "RolledBack" and mark["previous"] == {"args": before["args"]}
 
 
+@pytest.mark.timeout(660)  # above the conditions, then 240 s for each of two tunings
 def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace, operator, prometheus_url,
                                                                wait_for):
     apply(kube, production(namespace, "good"))
@@ -364,6 +371,7 @@ def test_bad_input_gets_a_clear_condition_and_others_keep_going(kube, namespace,
     assert "spec.slo" in condition(impossible, "Failed")["message"]
 
 
+@pytest.mark.timeout(540)  # above 60 + 90 + 240 + 60 s of waits
 def test_spec_change_replans_and_deletion_during_verify_restores_production(kube, namespace, operator,
                                                                             prometheus_url, wait_for):
     apply(kube, production(namespace))
@@ -404,6 +412,7 @@ def test_spec_change_replans_and_deletion_during_verify_restores_production(kube
     assert owned_objects(kube, namespace, "tune") == []
 
 
+@pytest.mark.timeout(420)  # above 240 s for the tuning
 def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(kube, namespace, operator,
                                                                                 prometheus_url, wait_for):
     prod = production(namespace)

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from batchtune.controller.ports import Conflict, Install, JobRun, NotAllowed, Owned, Ports
-from batchtune.controller.prometheus import Production, PrometheusUnavailable
 from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.tick import PROMETHEUS_BACKOFF, Tuning
 from batchtune.core.manifests import LABEL_COMPONENT, LABEL_TRIAL, LABEL_TUNING, label_value
@@ -27,6 +26,7 @@ from batchtune.core.measurement import Window
 from batchtune.core.vocabulary import M
 from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import ENGINES
+from batchtune.prometheus import Production, PrometheusUnavailable
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 NS = "inference"
@@ -154,6 +154,8 @@ class World:
     """Requests a load run finishes per measured second (None: always 200, enough for any percentile)."""
     load_runs: list[tuple[str, int]] = field(default_factory=list)
     """(Job name, measured seconds) of every load run, in order."""
+    run_loads: list[tuple[int, int, int]] = field(default_factory=list)
+    """(trial index, load, measured seconds) of every load run, in order."""
     production_figures: Callable[[dict[str, Any], datetime, datetime], dict[str, float | None]] | None = None
     production_requests_per_second: float = 5.0
     production_replicas: int = 1
@@ -274,6 +276,7 @@ class World:
             measured = int(args[args.index("--duration") + 1]) - int(args[args.index("--warmup-seconds") + 1]) \
                 if "--duration" in args else 60
             self.load_runs.append((job["metadata"]["name"], measured))
+            self.run_loads.append((int(trial), load, measured))
             done = 200 if self.requests_per_second is None else int(self.requests_per_second * measured)
             summary = {"completed": done, "failed": 0, "samples": done,
                        "measure_start": (start + timedelta(seconds=10)).timestamp(), "measure_end": end.timestamp(),

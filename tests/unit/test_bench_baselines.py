@@ -9,7 +9,7 @@ import pytest
 
 import batchtune.bench.evaluate as evaluate
 from batchtune.bench.evaluate import TrialResult
-from batchtune.bench.scenarios import Scenario, SearchSpace
+from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.strategies.autotune import AutoTune
 from batchtune.bench.strategies.doubling import Doubling
 from batchtune.bench.strategies.hillclimb import HillClimb
@@ -21,7 +21,7 @@ from batchtune.bench.types import Knobs, Load, Reading, Slo, StartResult
 def scenario(mns: tuple[int, ...] = (8, 16, 32, 64, 128), gmu: tuple[int, ...] = (85, 90, 95, 98)) -> Scenario:
     return Scenario(
         name="scripted", summary="scripted", model="Llama-3.1-8B", gpu="H100", input_len=100, output_len=10,
-        slo=Slo({"p99_e2el_ms": 2000.0}), tuner_space=SearchSpace(mns, gmu),
+        slo=Slo({"p99_e2el_ms": 2000.0}), tuner_space=KnobGrid(mns, gmu),
     )
 
 
@@ -77,7 +77,7 @@ def test_auto_tune_runs_every_cell_and_keeps_the_highest_throughput() -> None:
     truth = AutoTuneTruth(passing=3.0)
     sc = Scenario(
         name="cells", summary="", model="Llama-3.1-8B", gpu="H100", input_len=100, output_len=10,
-        slo=Slo({"p99_e2el_ms": 2000.0}), tuner_space=SearchSpace((32, 64), (90,), (2048, 4096)),
+        slo=Slo({"p99_e2el_ms": 2000.0}), tuner_space=KnobGrid((32, 64), (90,), (2048, 4096)),
     )
     AutoTune().tune(SimTestbed(sc, truth, seed=0, noise=0.0), sc, seed=0)
     cells = [(k.max_num_seqs, k.max_num_batched_tokens) for k in truth.starts if k.gpu_memory_utilization_pct == 95]

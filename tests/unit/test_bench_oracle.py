@@ -9,7 +9,7 @@ import pytest
 from batchtune.bench.evaluate import Judge
 from batchtune.bench.loadsearch import exact_capacity
 from batchtune.bench.oracle import regret, run_oracle
-from batchtune.bench.scenarios import Scenario, SearchSpace
+from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.types import Knobs, Load, Reading, Slo, StartResult
 
 SLO = Slo({"p95_ttft_ms": 100.0})
@@ -75,8 +75,8 @@ class GridTruth:
 
 TINY = Scenario(
     name="tiny", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=100, output_len=10, slo=SLO,
-    oracle_space=SearchSpace((8, 16, 32, 64, 128), (80, 86, 90, 96, 98)),
-    tuner_space=SearchSpace((8, 64), (90,)),
+    oracle_space=KnobGrid((8, 16, 32, 64, 128), (80, 86, 90, 96, 98)),
+    tuner_space=KnobGrid((8, 64), (90,)),
 )
 
 

@@ -65,7 +65,7 @@ def test_trial_with_no_passing_load_reports_its_lowest_step() -> None:
     pytest.param(Load("request_rate", 5.0), 64.0, None, id="open-loop-unknown"),
 ])
 def test_waiting_requests_on_a_closed_loop(load, running, waiting) -> None:
-    from batchtune.bench.strategies.ours import status_metrics
+    from batchtune.bench.evaluate import status_metrics
 
     reading = Reading(load, {"p95_ttft_ms": 10.0, "max_concurrent_requests": running})
     assert status_metrics(reading, CLOSED, 95).get("waitingRequests") == waiting

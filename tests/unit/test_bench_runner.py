@@ -7,7 +7,7 @@ import json
 import pytest
 
 from batchtune.bench.runner import run_bench, run_scenario, summarize
-from batchtune.bench.scenarios import Scenario, SearchSpace
+from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.synthetic import SyntheticTruth
 from batchtune.bench.testbed import CostModel, SimTestbed, steady_warmup_seconds
 from batchtune.bench.types import Knobs, Load, Reading, Slo
@@ -16,8 +16,8 @@ from batchtune.core.warmup import STEADY_MIN_S
 SMALL = Scenario(
     name="small", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=512, output_len=128,
     slo=Slo({"p95_ttft_ms": 500.0, "p95_itl_ms": 30.0}),
-    tuner_space=SearchSpace((8, 32, 128, 512), (90, 95, 98)),
-    oracle_space=SearchSpace((8, 16, 32, 64, 128, 256, 512), (88, 90, 92, 95, 97, 98)),
+    tuner_space=KnobGrid((8, 32, 128, 512), (90, 95, 98)),
+    oracle_space=KnobGrid((8, 16, 32, 64, 128, 256, 512), (88, 90, 92, 95, 97, 98)),
     sim_window_s=15.0,  # billed as 60 s; TwinGuided's calibrations simulate every step measured, keep them short
 )
 TP2 = Scenario(
@@ -26,9 +26,12 @@ TP2 = Scenario(
 )
 
 
+NO_JOB_OVERHEAD = {"job_start_s": 0.0, "scrape_lag_s": 0.0}
+
+
 def test_testbed_bills_startup_warmup_and_each_step_on_every_gpu() -> None:
     truth = SyntheticTruth(startup_s=100.0)
-    testbed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0))
+    testbed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0, **NO_JOB_OVERHEAD))
     assert testbed.start(Knobs(64, 90)).ok
     testbed.run_load(Load("request_rate", 1.0))
     second = testbed.run_load(Load("request_rate", 2.0))
@@ -39,16 +42,33 @@ def test_testbed_bills_startup_warmup_and_each_step_on_every_gpu() -> None:
     # Every step is a load Job with its warm-up: the first in full, the second on the warm server until it settled.
     assert ledger.wall_seconds == pytest.approx(100 + 30 + 90 + settled + 90)
     assert ledger.gpu_seconds == pytest.approx(2 * ledger.wall_seconds)
-    fixed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0, steady_warmup=False))
+    fixed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0, steady_warmup=False,
+                                                                      **NO_JOB_OVERHEAD))
     assert fixed.start(Knobs(64, 90)).ok
     fixed.run_load(Load("request_rate", 1.0))
     fixed.run_load(Load("request_rate", 2.0))
     assert fixed.ledger.wall_seconds == pytest.approx(100 + 2 * (30 + 90))
-    restarted = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0))
+    restarted = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=CostModel(warmup_s=30.0, **NO_JOB_OVERHEAD))
     for _ in range(2):  # a new start is a cold server again
         assert restarted.start(Knobs(64, 90)).ok
         restarted.run_load(Load("request_rate", 1.0))
     assert restarted.ledger.wall_seconds == pytest.approx(2 * (100 + 30 + 90))
+
+
+def test_testbed_bills_each_operator_run_its_job_start_and_scrape_lag() -> None:
+    # As the operator runs each step: a Job created on a tick, its pod and load generator started, and after the
+    # window the scrape lag before the run is read; a lengthened run is a run of its own, as long as it measures.
+    truth = SyntheticTruth(startup_s=100.0)
+    cost = CostModel(warmup_s=30.0, steady_warmup=False, job_start_s=5.0, scrape_lag_s=7.0)
+    testbed = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=cost)
+    assert testbed.start(Knobs(64, 90)).ok
+    testbed.run_load(Load("request_rate", 1.0))
+    testbed.run_load(Load("request_rate", 1.0), seconds=270.0)
+    assert testbed.ledger.wall_seconds == pytest.approx(100 + (5 + 30 + 90 + 7) + (5 + 30 + 270 + 7))
+    prompts = SimTestbed(TP2, truth, seed=1, noise=0.0, cost=cost)
+    assert prompts.start(Knobs(64, 90)).ok
+    counted = prompts.run_load(Load("request_rate", 1.0), prompts=100)
+    assert prompts.ledger.wall_seconds == pytest.approx(100 + counted.duration_s)  # vllm bench serve: none of it
 
 
 @pytest.mark.parametrize("load, metrics, failure, expected", [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchtune.bench.scenarios import SCENARIOS, Scenario, SearchSpace, get_scenarios
-from batchtune.bench.strategies.ours import slo_targets
+from batchtune.bench.evaluate import slo_targets
+from batchtune.bench.scenarios import SCENARIOS, KnobGrid, Scenario, get_scenarios
 from batchtune.bench.types import Knobs, Load, Slo
 
 
@@ -70,8 +70,8 @@ def test_unknown_scenario_names_are_listed() -> None:
         pytest.param(lambda: Load("request_rate", 0.0), "load value", id="load-zero"),
         pytest.param(lambda: Slo({}), "at least one", id="slo-empty"),
         pytest.param(lambda: Slo({"p95_ttft": 10.0}), "p95_ttft", id="slo-key"),
-        pytest.param(lambda: SearchSpace((16, 8), (90,)), "ascending", id="space-order"),
-        pytest.param(lambda: SearchSpace((8,), ()), "gpu_memory_utilization_pct", id="space-empty"),
+        pytest.param(lambda: KnobGrid((16, 8), (90,)), "ascending", id="space-order"),
+        pytest.param(lambda: KnobGrid((8,), ()), "gpu_memory_utilization_pct", id="space-empty"),
         pytest.param(
             lambda: Scenario("x", "x", "Llama-3.1-8B", "H100", 10, 10, Slo({"p95_itl_ms": 1.0}), objective="throughput"),
             "fixed load", id="throughput-without-load",

@@ -347,7 +347,7 @@ def test_bound_flags_are_ones_the_operator_accepts():
     """Each flag the chart passes parses with `batchtune operator`'s own argument parser."""
     import argparse
 
-    from batchtune.cli import operator as cli
+    from batchtune.controller import main as cli
 
     parser = argparse.ArgumentParser()
     cli.add_parser(parser.add_subparsers())

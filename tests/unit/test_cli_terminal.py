@@ -23,7 +23,7 @@ from batchtune.api import FieldError, InvalidBatchTuning
 from batchtune.cli import main
 from batchtune.cli import status as st
 from batchtune.cli.recommend import recommendation_text
-from batchtune.cli.terminal import clean, markup, printable, safe, text
+from batchtune.terminal import clean, markup, printable, safe, text
 
 NOW = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
 TITLE = "\x1b]0;pwned\x07"

@@ -89,7 +89,7 @@ def test_selector_escapes_values_and_rejects_bad_label_names():
 
 
 def _ctx(names: MetricNames | None = None, gpu_labels: LabelNames | None = None) -> QueryContext:
-    return QueryContext(names or MetricNames.from_spec(VLLM.metrics, None), LabelNames(),
+    return QueryContext(names or MetricNames.build(VLLM.metrics), LabelNames(),
                         gpu_labels or LabelNames(model=None), 95)
 
 
@@ -129,7 +129,7 @@ def test_gpu_series_use_the_gpu_label_names():
 ])
 def test_metric_names_candidates(overrides, role, candidates):
     if isinstance(overrides, MetricNamesSpec):
-        names = MetricNames.from_spec(VLLM.metrics, overrides)
+        names = overrides.core(VLLM.metrics)
     else:
         names = MetricNames.build(VLLM.metrics, overrides)
     assert names.candidates(role) == candidates
@@ -375,7 +375,7 @@ def test_workload_queries_honour_overrides_and_an_engine_without_prefix_counters
     from batchtune.core.promql import workload_queries
     from batchtune.engines.base import MetricConventions
 
-    names = MetricNames.from_spec(VLLM.metrics, MetricNamesSpec(request_generation_tokens="my:out_len"))
+    names = MetricNamesSpec(request_generation_tokens="my:out_len").core(VLLM.metrics)
     q = workload_queries(_ctx(names), Selector({"namespace": "p"}), 3600, 60)
     assert "my:out_len_bucket" in q["outputBuckets"] and "vllm:request_generation_tokens" not in q["outputBuckets"]
     bare = MetricConventions(names={k: v for k, v in VLLM.metrics.names.items() if "prefix" not in k})

@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 
 from batchtune.cli import main
-from batchtune.loadgen import LoadSpec, run_load
+from batchtune.loadgen import LoadRun, run_load
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -91,12 +91,12 @@ def test_poisson_rate_and_duration_bound():
 
     async def go():
         cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=scale,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=scale,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()
         try:
-            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=64, output_len=400,
+            spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=64, output_len=400,
                             request_rate=rate, num_prompts=10**6, duration_s=duration, time_scale=scale, seed=3)
             started = time.monotonic()
             result = await run_load(spec)
@@ -163,7 +163,7 @@ def test_prompts_are_the_requested_length_in_the_engines_own_tokens(tokenize):
     async def go():
         runner, port = await engine.serve()
         try:
-            spec = LoadSpec(base_url=f"http://127.0.0.1:{port}", input_len=100, output_len=2, range_ratio=0.5,
+            spec = LoadRun(base_url=f"http://127.0.0.1:{port}", input_len=100, output_len=2, range_ratio=0.5,
                             concurrency=2, num_prompts=12, duration_s=30, seed=5)
             return await run_load(spec)
         finally:

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchtune.loadgen import (
-    LoadSpec,
+    ClientWindow,
+    LoadRun,
     RequestRecord,
     TargetRefused,
-    Window,
     censored_quantile,
     check_target,
     compact_summary,
@@ -46,7 +46,7 @@ def _record(sent, ttft, itls, prompt=100, ok=True):
 
 def test_result_has_vllm_bench_keys_and_values():
     records = [_record(0.0, 0.1, [0.02] * 9), _record(1.0, 0.3, [0.04] * 9)]
-    window = Window(start=0.0, end=2.0, output_tokens=20)
+    window = ClientWindow(start=0.0, end=2.0, output_tokens=20)
     result = compute_result(records, window)
     assert result["completed"] == 2 and result["failed"] == 0
     assert result["duration"] == pytest.approx(2.0)
@@ -63,8 +63,8 @@ def test_result_has_vllm_bench_keys_and_values():
 
 def test_time_scale_turns_wall_times_into_simulated_times():
     records = [_record(0.0, 0.01, [0.002] * 4)]
-    plain = compute_result(records, Window(0.0, 1.0, 5))
-    scaled = compute_result(records, Window(0.0, 1.0, 5), time_scale=10.0)
+    plain = compute_result(records, ClientWindow(0.0, 1.0, 5))
+    scaled = compute_result(records, ClientWindow(0.0, 1.0, 5), time_scale=10.0)
     assert scaled["mean_ttft_ms"] == pytest.approx(10 * plain["mean_ttft_ms"])
     assert scaled["output_throughput"] == pytest.approx(plain["output_throughput"] / 10)
     assert scaled["duration"] == pytest.approx(10.0)
@@ -74,7 +74,7 @@ def test_window_excludes_warmup_from_latency_and_counts_failures():
     warm = _record(0.0, 2.0, [0.02] * 4)  # sent in warm-up, ends inside the window
     good = _record(2.0, 0.1, [0.02] * 4)
     bad = _record(2.5, 0.0, [], ok=False)
-    result = compute_result([warm, good, bad], Window(start=1.0, end=4.0, output_tokens=8))
+    result = compute_result([warm, good, bad], ClientWindow(start=1.0, end=4.0, output_tokens=8))
     assert result["completed"] == 2  # both ended in the window
     assert result["failed"] == 1
     assert result["mean_ttft_ms"] == pytest.approx(100.0)  # only the request sent in the window
@@ -83,7 +83,7 @@ def test_window_excludes_warmup_from_latency_and_counts_failures():
 
 def test_an_empty_sample_gives_no_statistic_never_zero():
     # vllm bench serve reports 0 ms here; an empty window read as "0 ms" once passed an overloaded step.
-    result = compute_result([], Window(0.0, 1.0, 0))
+    result = compute_result([], ClientWindow(0.0, 1.0, 0))
     assert result["completed"] == 0 and result["samples"] == 0
     assert result["mean_ttft_ms"] is None and result["p95_e2el_ms"] is None and result["p99_itl_ms"] is None
     assert "p95_e2el_ms" not in json.loads(compact_summary(result))
@@ -101,7 +101,7 @@ def _running(sent: float, first_token: float | None = None) -> RequestRecord:
 def test_an_overloaded_window_where_nothing_finished_reads_slow_not_fast():
     # Every request was sent inside the window and none finished: elapsed times are lower bounds.
     records = [_running(1.0 + i * 0.1) for i in range(30)]
-    result = compute_result(records, Window(start=1.0, end=31.0, output_tokens=0))
+    result = compute_result(records, ClientWindow(start=1.0, end=31.0, output_tokens=0))
     assert result["completed"] == 0 and result["in_flight"] == 30 and result["samples"] == 30
     assert result["p95_ttft_ms"] == math.inf and result["p95_e2el_ms"] == math.inf
     assert json.loads(compact_summary(result))["p95_ttft_ms"] == 1e12
@@ -111,8 +111,8 @@ def test_requests_still_running_count_against_the_percentiles():
     # Survivorship: the 10 fast ones finished; the 10 slow ones are still running 20 s after they were sent.
     fast = [_record(1.0 + i * 0.01, 0.05, [0.01] * 4) for i in range(10)]
     slow = [_running(1.0 + i * 0.01, first_token=1.5 + i * 0.01) for i in range(10)]
-    only_fast = compute_result(fast, Window(start=1.0, end=21.0, output_tokens=40))
-    both = compute_result(fast + slow, Window(start=1.0, end=21.0, output_tokens=40))
+    only_fast = compute_result(fast, ClientWindow(start=1.0, end=21.0, output_tokens=40))
+    both = compute_result(fast + slow, ClientWindow(start=1.0, end=21.0, output_tokens=40))
     assert only_fast["p95_e2el_ms"] < 1000
     assert both["p95_e2el_ms"] == math.inf  # half the requests are past 20 s: p95 is beyond what was seen
     assert both["p95_itl_ms"] > 19000  # the gap since the slow requests' last token counts too
@@ -132,7 +132,7 @@ def test_censored_quantile(events, censored, q, expected):
 
 def test_the_summary_carries_the_window_in_wall_clock_seconds():
     records = [_record(2.0, 0.1, [0.02] * 4)]
-    result = compute_result(records, Window(start=1.0, end=4.0, output_tokens=4), wall_offset=1_700_000_000.0)
+    result = compute_result(records, ClientWindow(start=1.0, end=4.0, output_tokens=4), wall_offset=1_700_000_000.0)
     summary = json.loads(compact_summary(result))
     assert summary["measure_start"] == 1_700_000_001.0 and summary["measure_end"] == 1_700_000_004.0
     assert summary["samples"] == 1 and summary["in_flight"] == 0
@@ -141,7 +141,7 @@ def test_the_summary_carries_the_window_in_wall_clock_seconds():
 @given(st.lists(st.floats(min_value=0.001, max_value=10.0), min_size=1, max_size=200))
 def test_percentiles_are_ordered_and_bounded(values):
     rec = [_record(0.0, v, [v]) for v in values]
-    result = compute_result(rec, Window(0.0, 100.0, len(values)))
+    result = compute_result(rec, ClientWindow(0.0, 100.0, len(values)))
     p = [result[f"p{q}_ttft_ms"] for q in (50, 90, 95, 99)]
     assert p == sorted(p)
     assert min(values) * 1000 - 1e-6 <= p[0] and p[-1] <= max(values) * 1000 + 1e-6
@@ -155,11 +155,11 @@ def test_percentile_key(p, key):
 
 def test_unknown_percentile_metric_is_named():
     with pytest.raises(ValueError, match="'foo'"):
-        compute_result([], Window(0.0, 1.0, 0), percentile_metrics=("foo",))
+        compute_result([], ClientWindow(0.0, 1.0, 0), percentile_metrics=("foo",))
 
 
 def test_compact_summary_is_small_json():
-    result = compute_result([_record(0.0, 0.1, [0.02] * 9)], Window(0.0, 1.0, 10))
+    result = compute_result([_record(0.0, 0.1, [0.02] * 9)], ClientWindow(0.0, 1.0, 10))
     result["errors_sample"] = ["x" * 5000] * 5
     text = compact_summary(result)
     assert len(text.encode()) < 4096
@@ -213,7 +213,7 @@ def test_loopback_only_by_default(url, allowed):
 def test_invalid_spec_names_field(kwargs):
     field = next(iter(kwargs)).split("_s")[0]
     with pytest.raises(ValueError, match=field):
-        LoadSpec(**kwargs)
+        LoadRun(**kwargs)
 
 
 def test_goodput_counts_the_completed_requests_that_met_every_target():
@@ -221,7 +221,7 @@ def test_goodput_counts_the_completed_requests_that_met_every_target():
                _record(0.5, 0.6, [0.02] * 9),    # ttft 600: too slow to start
                _record(1.0, 0.1, [0.08] * 9),    # tpot 80: too slow to stream
                _record(1.5, 0.1, [], ok=True)]   # one token: no TPOT, judged on TTFT and E2E
-    window = Window(start=0.0, end=4.0, output_tokens=40)
+    window = ClientWindow(start=0.0, end=4.0, output_tokens=40)
     result = compute_result(records, window, goodput_ms=(("ttft", 500.0), ("tpot", 50.0), ("e2el", 2000.0)))
     assert result["request_goodput"] == pytest.approx(2 / 4.0)
     assert result["request_throughput"] == pytest.approx(4 / 4.0)
@@ -239,7 +239,7 @@ def test_goodput_keys_are_vllms():
     with pytest.raises(ValueError, match="'itl:50'"):
         parse_goodput("itl:50")
     with pytest.raises(ValueError, match="goodput_ms"):
-        LoadSpec(goodput_ms=(("ttft", -1.0),))
+        LoadRun(goodput_ms=(("ttft", -1.0),))
 
 
 def test_prompts_sized_by_the_engines_word_costs_sum_to_the_request():

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from batchtune.core.warmup import STEADY_MIN_S
-from batchtune.loadgen import LoadSpec, compact_summary, run_load
+from batchtune.loadgen import LoadRun, compact_summary, run_load
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL, GPU, SCALE = "meta-llama/Llama-3.1-8B-Instruct", "A100-40GB", 5.0
@@ -22,14 +22,14 @@ def _runs(*loads: dict[str, Any]) -> list[dict[str, Any]]:
 
     async def go() -> list[dict[str, Any]]:
         cfg = ServeConfig(model=MODEL, gpu=GPU, max_num_seqs=8, max_model_len=4096)
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=SCALE,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=SCALE,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()
         try:
             results = []
             for seed, load in enumerate(loads):  # other prompts each run: no prefix-cache hits from the last
-                spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=256, output_len=64,
+                spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=256, output_len=64,
                                 num_prompts=10**6, warmup_s=WARMUP_S, duration_s=WARMUP_S + MEASURE_S,
                                 time_scale=SCALE, seed=seed, **load)
                 results.append(await run_load(spec))

@@ -10,7 +10,7 @@ import pytest
 
 from batchtune.cli import main
 from batchtune.core.workload import LengthDistribution, burstiness_from_counts, counts_to_cumulative
-from batchtune.loadgen import LoadSpec, run_load
+from batchtune.loadgen import LoadRun, run_load
 from batchtune.loadgen.workload import (
     LengthSampler,
     TraceError,
@@ -22,7 +22,7 @@ from batchtune.loadgen.workload import (
     trace_lines,
 )
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -127,12 +127,12 @@ def test_a_bad_trace_line_is_refused_by_number(line, words):
 def _against_the_twin(spec_kwargs: dict) -> dict:
     async def go():
         cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=50,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=50,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)
         await server.start()
         server.mark_ready()
         try:
-            return await run_load(LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", time_scale=50,
+            return await run_load(LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", time_scale=50,
                                            **spec_kwargs))
         finally:
             await server.stop()

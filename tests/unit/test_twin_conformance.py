@@ -19,7 +19,7 @@ from golden_schema import GOLDEN_DIR, dump_schema, label_values, load_schema, me
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.memory import StartupFailure, plan_memory
 from batchtune.twin.metrics import CONTENT_TYPE
 from batchtune.twin.server import ServerOptions, TwinServer
@@ -52,7 +52,7 @@ def recorded_request(name: str) -> dict:
 
 def twin_server(**options) -> TwinServer:
     cfg = ServeConfig(model=TWIN_MODEL, gpu="H100-SXM", max_num_seqs=8, max_model_len=MAX_MODEL_LEN)
-    return TwinServer(Engine(cfg), ServerOptions(served_model_name=SERVED, port=0, stats_log_interval_s=0, **options),
+    return TwinServer(SimEngine(cfg), ServerOptions(served_model_name=SERVED, port=0, stats_log_interval_s=0, **options),
                       on_log=lambda *_a: None)  # fmt: skip
 
 

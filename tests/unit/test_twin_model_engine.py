@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine, RequestTooLong
+from batchtune.twin.engine import RequestTooLong, SimEngine
 
 
-def _drain(engine: Engine, now: float = 0.0, max_steps: int = 100_000) -> tuple[float, list]:
+def _drain(engine: SimEngine, now: float = 0.0, max_steps: int = 100_000) -> tuple[float, list]:
     outcomes = []
     while engine.has_work() and len(outcomes) < max_steps:
         out = engine.step(now)
@@ -20,7 +20,7 @@ def _drain(engine: Engine, now: float = 0.0, max_steps: int = 100_000) -> tuple[
     return now, outcomes
 
 
-def _busy_step(engine: Engine, now: float):  # type: ignore[no-untyped-def]
+def _busy_step(engine: SimEngine, now: float):  # type: ignore[no-untyped-def]
     """The next step that ran on the GPU (skips waits for the API server's input processing)."""
     while True:
         out = engine.step(now)
@@ -32,7 +32,7 @@ def _busy_step(engine: Engine, now: float):  # type: ignore[no-untyped-def]
 
 def test_running_never_exceeds_max_num_seqs_and_budget_holds() -> None:
     cfg = ServeConfig(model="Llama-3.1-8B", gpu="H100", max_num_seqs=16, max_num_batched_tokens=1024)
-    engine = Engine(cfg)
+    engine = SimEngine(cfg)
     for i in range(64):
         engine.add_request(f"r{i}", 700, 20, 0.0)
     _, outcomes = _drain(engine)
@@ -42,7 +42,7 @@ def test_running_never_exceeds_max_num_seqs_and_budget_holds() -> None:
 
 
 def test_every_request_gets_exactly_max_tokens() -> None:
-    engine = Engine(ServeConfig(model="Qwen2.5-0.5B", gpu="L4", max_num_seqs=8))
+    engine = SimEngine(ServeConfig(model="Qwen2.5-0.5B", gpu="L4", max_num_seqs=8))
     wanted = {f"r{i}": 5 + i for i in range(20)}
     for req_id, n in wanted.items():
         engine.add_request(req_id, 100 + 10 * int(req_id[1:]), n, 0.0)
@@ -57,7 +57,7 @@ def test_every_request_gets_exactly_max_tokens() -> None:
 
 
 def test_decodes_are_scheduled_before_new_prefills() -> None:
-    engine = Engine(ServeConfig(model="Llama-3.1-8B", gpu="H100", max_num_batched_tokens=2048))
+    engine = SimEngine(ServeConfig(model="Llama-3.1-8B", gpu="H100", max_num_batched_tokens=2048))
     engine.add_request("old", 100, 50, 0.0)
     first, now = _busy_step(engine, 0.0)
     assert first.emitted[0].first
@@ -73,7 +73,7 @@ def test_decodes_are_scheduled_before_new_prefills() -> None:
 def test_preemption_recomputes_newest_and_blocks_admission() -> None:
     # A tiny pool: L4 + Llama-3.1-8B at max_model_len 4096 gives a few thousand tokens of KV.
     cfg = ServeConfig(model="Llama-3.1-8B", gpu="L4", gpu_memory_utilization=0.83, max_model_len=4096)
-    engine = Engine(cfg)
+    engine = SimEngine(cfg)
     pool = engine.memory.kv_cache_tokens
     n = pool // 1000 + 4
     for i in range(n):
@@ -87,13 +87,13 @@ def test_preemption_recomputes_newest_and_blocks_admission() -> None:
 
 
 def test_request_longer_than_max_model_len_is_rejected() -> None:
-    engine = Engine(ServeConfig(model="Llama-2-7B", gpu="A100-80GB"))
+    engine = SimEngine(ServeConfig(model="Llama-2-7B", gpu="A100-80GB"))
     with pytest.raises(RequestTooLong, match="maximum context length is 4096 tokens"):
         engine.add_request("x", 4000, 200, 0.0)
 
 
 def test_abort_frees_blocks() -> None:
-    engine = Engine(ServeConfig(model="Llama-3.1-8B", gpu="H100"))
+    engine = SimEngine(ServeConfig(model="Llama-3.1-8B", gpu="H100"))
     engine.add_request("a", 3000, 100, 0.0)
     _busy_step(engine, 0.0)
     assert engine.free_blocks < engine.memory.num_gpu_blocks
@@ -103,7 +103,7 @@ def test_abort_frees_blocks() -> None:
 
 
 def test_signals_are_in_range_and_fb_is_flat() -> None:
-    engine = Engine(ServeConfig(model="Llama-3.1-8B", gpu="H100"))
+    engine = SimEngine(ServeConfig(model="Llama-3.1-8B", gpu="H100"))
     for i in range(32):
         engine.add_request(str(i), 512, 64, 0.0)
     _, outcomes = _drain(engine)
@@ -125,7 +125,7 @@ def test_signals_are_in_range_and_fb_is_flat() -> None:
 def test_scheduler_invariants(seqs: int, budget_extra: int, reqs: list[tuple[int, int]]) -> None:
     cfg = ServeConfig(model="Qwen2.5-0.5B", gpu="L4", max_num_seqs=seqs, max_num_batched_tokens=seqs + budget_extra,
                       max_model_len=4096, gpu_memory_utilization=0.3)
-    engine = Engine(cfg)
+    engine = SimEngine(cfg)
     for i, (prompt, out) in enumerate(reqs):
         engine.add_request(str(i), prompt, out, 0.0)
     _, outcomes = _drain(engine)
@@ -139,7 +139,7 @@ def test_scheduler_invariants(seqs: int, budget_extra: int, reqs: list[tuple[int
 
 def test_same_seed_same_trajectory() -> None:
     def run() -> list[float]:
-        engine = Engine(ServeConfig(model="Llama-3.1-8B", gpu="A100-80GB"), seed=3, jitter=0.05)
+        engine = SimEngine(ServeConfig(model="Llama-3.1-8B", gpu="A100-80GB"), seed=3, jitter=0.05)
         for i in range(20):
             engine.add_request(str(i), 300 + i, 40, 0.0)
         return [o.duration_s for o in _drain(engine)[1]]

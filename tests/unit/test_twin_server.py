@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchtune.gpu_activity import read_activity
-from batchtune.loadgen import LoadSpec, run_load
+from batchtune.loadgen import LoadRun, run_load
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine
+from batchtune.twin.engine import SimEngine
 from batchtune.twin.server import ServerOptions, TwinServer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -26,7 +26,7 @@ MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 @contextlib.asynccontextmanager
 async def serving(time_scale=50.0, ready=True, **options):
     cfg = ServeConfig(model=MODEL, gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
-    server = TwinServer(Engine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=time_scale,
+    server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name=MODEL, port=0, time_scale=time_scale,
                                                    stats_log_interval_s=0, **options),
                         on_log=lambda *_a: None)  # fmt: skip
     await server.start()
@@ -197,7 +197,7 @@ def test_activity_reports_busy_fraction_and_idle_power():
 def test_loadgen_against_twin_serve(tmp_path):
     async def go():
         async with serving(time_scale=20.0) as (server, _s):
-            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=200, output_len=32,
+            spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=200, output_len=32,
                             concurrency=8, num_prompts=40, duration_s=120.0, time_scale=20.0)  # fmt: skip
             return await run_load(spec)
 
@@ -273,12 +273,12 @@ def test_server_and_model_agree():
                        duration_s=duration).metrics  # fmt: skip
 
     async def go():
-        server = TwinServer(Engine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=time_scale,
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=time_scale,
                                                        stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()
         try:
-            spec = LoadSpec(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=input_len,
+            spec = LoadRun(base_url=f"http://127.0.0.1:{server.bound_port}", input_len=input_len,
                             output_len=output_len, concurrency=concurrency, num_prompts=10**6, duration_s=duration,
                             warmup_s=0.2 * duration, time_scale=time_scale)  # fmt: skip
             return await run_load(spec)
@@ -310,7 +310,7 @@ def test_a_wait_for_the_api_server_ends_when_the_engine_said(boot_s):
     prompts = [256 + 7 * i for i in range(12)]
 
     def engine_side_ttft(prompt):  # the same engine on a virtual clock, as predict runs it
-        engine = Engine(cfg)
+        engine = SimEngine(cfg)
         engine.add_request("r", prompt, 4, 0.0)
         now = 0.0
         while not (out := engine.step(now)).emitted:
@@ -324,7 +324,7 @@ def test_a_wait_for_the_api_server_ends_when_the_engine_said(boot_s):
     async def go():
         nonlocal origin
         origin = asyncio.get_running_loop().time()
-        server = BootClock(Engine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=2.0,
+        server = BootClock(SimEngine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=2.0,
                                                       stats_log_interval_s=0), on_log=lambda *_a: None)  # fmt: skip
         await server.start()
         server.mark_ready()

@@ -214,7 +214,7 @@ def _node_agent_available() -> bool:
     return importlib.util.find_spec("batchtune_local.nodeagent.__main__") is not None
 
 
-def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:
+def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:  # noqa: C901
     state = config.state_dir
     # A fresh start belongs to whoever started it; `attach` marks it again if that is a test session.
     (state / TEST_OWNED).unlink(missing_ok=True)

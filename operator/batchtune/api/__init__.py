@@ -80,7 +80,6 @@ from batchtune.api.models import (
     SecretKeyRef,
     Setting,
     SloSpec,
-    StepPurpose,
     StrategySpec,
     StrategyType,
     TargetRef,
@@ -94,7 +93,7 @@ from batchtune.api.models import (
     camel,
 )
 from batchtune.core.verify import InconclusivePolicy
-from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import ConditionType, Phase, Reason, StepPurpose, TrialState, Verdict
 
 __all__ = [
     "API_GROUP", "API_VERSION", "API_VERSION_FULL", "KIND", "PLURAL", "MISSING",
@@ -238,7 +237,7 @@ def _qualified_name_error(key: str) -> str | None:
     return None
 
 
-def _metadata_errors(meta: dict[str, Any]) -> list[FieldError]:
+def _metadata_errors(meta: dict[str, Any]) -> list[FieldError]:  # noqa: C901
     """What the API server's ObjectMeta validation refuses for a namespaced custom resource."""
     out = [FieldError(f"metadata.{key}", MISSING, "unknown field") for key in meta if key not in METADATA_FIELDS]
     dns = "DNS subdomain name (lowercase letters, digits, '-' and '.')"
@@ -606,7 +605,7 @@ class _Builder:
         return out
 
 
-def _plain(text: str) -> tuple[Any, str | None]:
+def _plain(text: str) -> tuple[Any, str | None]:  # noqa: C901
     """An untagged, unquoted scalar as kubectl would send it, or (text, why it is refused)."""
     if text in _NULLS:
         return None, None

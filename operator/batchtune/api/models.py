@@ -16,7 +16,7 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -30,15 +30,26 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from batchtune import API_GROUP, API_VERSION
+from batchtune.core import tuning
 from batchtune.core.gitops import Manager
 from batchtune.core.gitwrite import ForgeType
 from batchtune.core.gitwrite import Layout as GitLayout
 from batchtune.core.objective import Objective
+from batchtune.core.planning import SearchSpace as CoreSearchSpace
+from batchtune.core.planning import doublings
+from batchtune.core.promql import LabelNames as CoreLabelNames
+from batchtune.core.promql import MetricNames as CoreMetricNames
+from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
+from batchtune.core.slo import PERCENTILES, SloTargets
 from batchtune.core.verify import InconclusivePolicy
-from batchtune.core.vocabulary import Phase, TrialState, Verdict
+from batchtune.core.vocabulary import Phase, StepPurpose, TrialState, Verdict
 from batchtune.core.warmup import WarmupMode
 from batchtune.core.workload import ArrivalProfile as CoreArrivalProfile
+from batchtune.core.workload import DriftThresholds
+
+if TYPE_CHECKING:
+    from batchtune.engines import MetricConventions
 from batchtune.core.workload import LengthDistribution as CoreLengthDistribution
 from batchtune.core.workload import WorkloadProfile as CoreWorkloadProfile
 
@@ -316,6 +327,12 @@ class SearchSpec(_Spec):
         """The --max-num-seqs candidates, ascending."""
         return self.max_num_seqs.candidates()
 
+    def core(self) -> CoreSearchSpace:
+        seqs = self.max_num_seqs
+        values = tuple(seqs.values) if seqs.values else doublings(int(seqs.min or 1), int(seqs.max or 1))
+        return CoreSearchSpace(values, tuple(self.gpu_memory_utilization_percent or (90,)),
+                               tuple(self.max_num_batched_tokens or ()))
+
 
 class StrategySpec(_Spec):
     """How trials are chosen."""
@@ -341,6 +358,10 @@ class StrategySpec(_Spec):
                            f"must not exceed maxTrials {self.max_trials}"))
         _cross_field(errors)
         return self
+
+    def core(self) -> tuning.StrategyChoice:
+        return tuning.StrategyChoice(self.type.value, self.max_trials, self.max_parallel_trials, self.seed,
+                                     self.max_gpu_minutes)
 
 
 class ObjectiveSpec(_Spec):
@@ -383,6 +404,11 @@ class SloSpec(_Spec):
             "e2e_ms": self.e2e_latency_milliseconds,
         }
         return {name: ms for name, ms in targets.items() if ms is not None}
+
+    def core(self) -> SloTargets:
+        return SloTargets(percentile=PERCENTILES[self.percentile.value], ttft_ms=self.ttft_milliseconds,
+                          itl_ms=self.inter_token_latency_milliseconds, e2e_ms=self.e2e_latency_milliseconds,
+                          max_error_rate_percent=self.max_error_rate_percent, headroom_percent=self.headroom_percent)
 
 
 class ProductionWorkloadSpec(_Spec):
@@ -447,6 +473,13 @@ class LoadSpec(_Spec):
         _cross_field(errors)
         return self
 
+    def core(self) -> tuning.Load:
+        ref = self.trace_config_map_ref
+        return tuning.Load(self.input_tokens, self.output_tokens, self.concurrency, self.requests_per_minute,
+                           self.num_prompts, self.from_production,
+                           tuning.Trace(ref.name, ref.key) if ref is not None else None,
+                           self.generator is Generator.BUILTIN, self.image)
+
 
 class TrialSpec(_Spec):
     """Timing of one trial."""
@@ -474,6 +507,10 @@ class TrialSpec(_Spec):
             _cross_field([("bracketSeconds", self.bracket_seconds,
                            f"must be below measureSeconds ({self.measure_seconds}); 0 turns bracketing off")])
         return self
+
+    def core(self) -> tuning.TrialTiming:
+        return tuning.TrialTiming(self.warmup_seconds, self.warmup, self.measure_seconds,
+                                  self.readiness_timeout_seconds, self.repeats, self.bracket_seconds)
 
 
 class CurveLoadSpec(_Spec):
@@ -588,6 +625,10 @@ class MetricNames(_Spec):
         """The set overrides keyed by snake_case role (e.g. "kv_cache_usage")."""
         return {name: value for name, value in self if value is not None}
 
+    def core(self, engine: MetricConventions) -> CoreMetricNames:
+        """The engine's and the GPU exporter's names with these overrides."""
+        return CoreMetricNames.build(engine, self.overrides())
+
 
 class VllmLabels(_Spec):
     """Label names on vLLM's metrics."""
@@ -599,6 +640,9 @@ class VllmLabels(_Spec):
     model: LabelName = "model_name"
     """Label holding the served model name."""
 
+    def core(self) -> CoreLabelNames:
+        return CoreLabelNames(self.pod, self.namespace, self.model)
+
 
 class GpuLabels(_Spec):
     """Label names on dcgm-exporter's metrics (they differ with and without Kubernetes pod mapping)."""
@@ -607,6 +651,9 @@ class GpuLabels(_Spec):
     """Label holding the pod that uses the GPU."""
     namespace: LabelName = "namespace"
     """Label holding that pod's namespace."""
+
+    def core(self) -> CoreLabelNames:
+        return CoreLabelNames(self.pod, self.namespace, None)
 
 
 class PrometheusSpec(_Spec):
@@ -747,6 +794,13 @@ class RetuneSpec(_Spec):
         _cross_field(errors)
         return self
 
+    def core(self) -> RetunePolicy:
+        drift = self.drift
+        thresholds = None if drift is None else DriftThresholds(drift.length_shift_percent,
+                                                               drift.peak_rate_change_percent)
+        return RetunePolicy(self.interval_seconds, thresholds, self.check_interval_seconds,
+                            self.min_improvement_percent)
+
 
 class BatchTuningSpec(_Spec):
     """The desired tuning of one vLLM Deployment."""
@@ -782,6 +836,13 @@ class BatchTuningSpec(_Spec):
                                                  "load.fromProduction"))
         _cross_field(errors)
         return self
+
+    def core(self) -> tuning.TuningSpec:
+        """The spec in core types: what the operator's phases and the bench read."""
+        return tuning.TuningSpec(Objective(self.objective.type), self.slo.core(), self.search_space.core(),
+                                 self.load.core(), self.trial.core(), self.strategy.core(),
+                                 tuple(self.search_space.extra_args or ()),
+                                 self.retune.core() if self.retune is not None else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -864,14 +925,6 @@ class RunRecord(_Status):
     """What the run measured (latencies at the SLO percentile, in milliseconds)."""
     cross_check: str | None = None
     """Where Prometheus and the load generator disagreed."""
-
-
-class StepPurpose(StrEnum):
-    CURVE = "Curve"
-    """Measured at the common curve load for the report; outside the trial's search and verdict."""
-    BRACKET = "Bracket"
-    """A short step of the capacity search (spec.trial.bracketSeconds): it brackets the capacity, and a load
-    it passes counts only once a full-window step there passes too."""
 
 
 class LoadStepRecord(_Status):

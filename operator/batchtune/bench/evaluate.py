@@ -1,5 +1,5 @@
 """Objective of a setting: noise-free for the oracle and regret (`Judge`), measured for a tuning trial
-(`operator_trial`)."""
+(`operator_trial`, the operator's own trial loop on the simulated GPU)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,23 @@ from batchtune.bench.testbed import GroundTruth, derive_seed
 from batchtune.bench.types import Knobs, Load, Reading, Testbed
 from batchtune.core import protocol as core_protocol
 from batchtune.core.objective import Objective, objective_value
-from batchtune.core.protocol import Conclusion, ProtocolConfig, RunResult
+from batchtune.core.planning import SearchSpace
+from batchtune.core.protocol import Conclusion, CurveLoad, ProtocolConfig, RunResult, production_peak_curve_load
 from batchtune.core.settings import Setting
-from batchtune.core.vocabulary import M, Verdict
+from batchtune.core.slo import SloTargets
+from batchtune.core.trial_loop import Run, RunFailure, TrialPlan, run_trial, search_results
+from batchtune.core.tuning import (
+    DEFAULT_SCRAPE_INTERVAL_SECONDS,
+    StrategyChoice,
+    TrialTiming,
+    TuningSpec,
+    View,
+    view_of,
+)
+from batchtune.core.tuning import (
+    Load as LoadSpec,
+)
+from batchtune.core.vocabulary import M, StepPurpose, Verdict
 
 
 @dataclass(frozen=True)
@@ -129,44 +143,123 @@ def _memory_failure(evaluation: Evaluation) -> bool:
     return evaluation.failure is not None and "memory" in evaluation.failure.lower()
 
 
+# ---- a scenario in the operator's terms ---------------------------------------------------------
+
+_PERCENTILES = (50, 90, 95, 99)
+
+
+def slo_targets(scenario: Scenario, headroom_pct: int) -> SloTargets:
+    """The scenario's SLO as the core's targets. One percentile per scenario (the CRD has one)."""
+    fields: dict[str, int] = {}
+    percentiles = set()
+    names = {"ttft": "ttft_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+    for key, limit in scenario.slo.limits.items():
+        pct, metric, _ = key.split("_")  # p95_ttft_ms
+        percentiles.add(int(pct.removeprefix("p")))
+        if metric not in names:
+            raise ValueError(f"scenario {scenario.name}: SLO key {key!r} has no core target (ttft, itl, e2el)")
+        fields[names[metric]] = int(limit)
+    if len(percentiles) != 1 or next(iter(percentiles)) not in _PERCENTILES:
+        raise ValueError(f"scenario {scenario.name}: SLO keys {list(scenario.slo.limits)} mix percentiles")
+    return SloTargets(percentile=percentiles.pop(), headroom_percent=headroom_pct, **fields)
+
+
+def status_metrics(reading: Reading | None, scenario: Scenario, percentile: int) -> dict[str, float]:
+    """A reading in the status metric names the core reads (camelCase, latencies at the SLO percentile)."""
+    if reading is None or not reading.ok:
+        return {}
+    m = reading.metrics
+    p = f"p{percentile}"
+    out: dict[str, float | None] = {
+        M.TTFT_MS: m.get(f"{p}_ttft_ms"),
+        M.ITL_MS: m.get(f"{p}_itl_ms"),
+        M.E2E_MS: m.get(f"{p}_e2el_ms"),
+        M.TTFT_MEAN_MS: m.get("mean_ttft_ms"),
+        M.ITL_MEAN_MS: m.get("mean_itl_ms"),
+        M.OUTPUT_THROUGHPUT: m.get("output_throughput"),
+        M.REQUEST_THROUGHPUT: m.get("request_throughput"),
+        M.KV_CACHE_USAGE_PERCENT: m.get("kv_cache_usage_pct"),
+        M.PREEMPTIONS_PER_SECOND: m.get("preemptions_per_s"),
+        M.GPU_UTIL_PERCENT: m.get("gpu_util_pct"),
+        M.SM_ACTIVE_PERCENT: m.get("sm_active_pct"),
+        M.POWER_WATTS: m.get("power_w"),
+        M.RUNNING_REQUESTS: m.get("mean_running_requests"),  # vllm:num_requests_running, averaged
+        M.KV_POOL_TOKENS: m.get("kv_cache_tokens"),  # vllm:cache_config_info blocks x block size
+    }
+    running = m.get("max_concurrent_requests")
+    if reading.load.kind == "concurrency" and running is not None:
+        # A closed loop keeps its users' requests outstanding: those beyond the running batch wait.
+        out[M.WAITING_REQUESTS] = max(0.0, reading.load.value - running)
+    completed, failed = m.get("completed"), m.get("failed")
+    if completed is not None and scenario.window_s > 0:
+        # Requests behind the percentiles, as the load generator counts them, over the billed window (the quick
+        # suite simulates a shorter one): too few and the operator runs the load again for longer.
+        out[M.SAMPLES] = completed * scenario.measure_s / scenario.window_s
+    if completed is not None and failed is not None and completed + failed > 0:
+        out[M.ERROR_RATE_PERCENT] = 100.0 * failed / (completed + failed)
+    else:
+        out[M.ERROR_RATE_PERCENT] = 0.0
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class TrialProtocol:
-    """How an operator-style trial measures a setting: the core's trial protocol (`core.protocol`) with the
-    BatchTuning `spec.trial` defaults, and the SLO headroom a strategy keeps (baselines keep none)."""
+    """How an operator-style trial measures a setting: the BatchTuning a user would write for the scenario (the
+    `spec.trial` defaults, the SLO headroom a strategy keeps: baselines keep none), read through the operator's own
+    view of a spec (`core.tuning.view_of`) at the chart's default scrape interval, so every step, window and
+    lengthening is the operator's."""
 
-    max_load_steps: int = core_protocol.MAX_LOAD_STEPS
-    resolution: float = core_protocol.RESOLUTION
     headroom_pct: int = 0
     """Latency margin a pass needs (the core's SLO headroom); baselines use 0."""
     repeats: int = 1
     bracketing: bool = True
-    """The capacity search's bracketing steps run a short window (`core.protocol.bracket_seconds`), as the
-    operator's do when its scrape interval allows; only the capacity step runs the full one."""
+    """The capacity search's bracketing steps run a short window where the operator's would (`spec.trial.
+    bracketSeconds` unset); False: `bracketSeconds: 0`, every step full."""
+    curve: bool = True
+    """Every Done trial is measured once more at the report's common load, as the operator's default
+    (`spec.report.curveLoad` unset: production's peak per replica, else the largest maxNumSeqs planned)."""
 
-    def bracket_seconds(self, scenario: Scenario) -> float | None:
-        """A short step's billed seconds (None: every step is full)."""
-        if not self.bracketing:
-            return None
-        return core_protocol.bracket_seconds(int(scenario.measure_s))
+    def spec(self, scenario: Scenario, strategy: str = "Adaptive", max_trials: int = 12) -> TuningSpec:
+        """The scenario's BatchTuning spec, in core types."""
+        capacity = scenario.objective == "capacity"
+        open_loop = scenario.load_kind == "request_rate" if capacity else bool(
+            scenario.load and scenario.load.kind == "request_rate")
+        if capacity:
+            rate = _to_int_load("request_rate", scenario.expected_rate) if open_loop else None
+            concurrency = None
+        else:
+            assert scenario.load is not None
+            value = _to_int_load(scenario.load.kind, scenario.load.value)
+            rate, concurrency = (value, None) if open_loop else (None, value)
+        space = scenario.tuner_space
+        return TuningSpec(
+            Objective.SLO_CAPACITY if capacity else Objective.OUTPUT_THROUGHPUT, slo_targets(scenario, self.headroom_pct),
+            SearchSpace(space.max_num_seqs, space.gpu_memory_utilization_pct,
+                        tuple(m for m in space.max_num_batched_tokens if m is not None)),
+            LoadSpec(scenario.input_len, scenario.output_len, concurrency, rate),
+            TrialTiming(measure_seconds=int(scenario.measure_s), repeats=self.repeats,
+                        bracket_seconds=None if self.bracketing else 0),
+            StrategyChoice(strategy, max_trials))
+
+    def view(self, scenario: Scenario) -> View:
+        return view_of(self.spec(scenario), DEFAULT_SCRAPE_INTERVAL_SECONDS)
 
     def config(self, scenario: Scenario) -> ProtocolConfig:
-        from batchtune.bench.strategies.ours import slo_targets
+        return self.view(scenario).protocol
 
-        capacity = scenario.objective == "capacity"
-        open_loop = scenario.load_kind == "request_rate"
-        fixed = None if capacity else _to_int_load(scenario.load.kind, scenario.load.value) if scenario.load else None
-        first = _to_int_load("request_rate", scenario.expected_rate) if capacity and open_loop else None
-        return ProtocolConfig(Objective.SLO_CAPACITY if capacity else Objective.OUTPUT_THROUGHPUT,
-                              slo_targets(scenario, self.headroom_pct),
-                              open_loop if capacity else bool(scenario.load and scenario.load.kind == "request_rate"),
-                              repeats=self.repeats, max_steps=self.max_load_steps, resolution=self.resolution,
-                              fixed_load=fixed, first_load=first,
-                              bracketing=capacity and self.bracket_seconds(scenario) is not None)
+    def curve_load(self, scenario: Scenario) -> CurveLoad | None:
+        """The operator's default curve load for this scenario: its open loop's rate as production's peak (one
+        replica), else (closed loops, fixed loads) the largest maxNumSeqs planned as a closed loop."""
+        if not self.curve:
+            return None
+        peak = scenario.expected_rate if scenario.objective == "capacity" and scenario.load_kind == "request_rate" \
+            else None
+        return production_peak_curve_load(peak, 1, max(scenario.tuner_space.max_num_seqs), int(scenario.measure_s))
 
 
 @dataclass(frozen=True)
 class TrialResult:
-    """One operator-style trial: start, warm up, then the core's trial protocol on the simulated GPU."""
+    """One operator-style trial: start, warm up, then the core's trial loop on the simulated GPU."""
 
     knobs: Knobs
     started: bool
@@ -179,6 +272,8 @@ class TrialResult:
     steps: int = 0
     conclusion: Conclusion | None = None
     """The core's conclusion (metrics as the operator's status holds them); None when it did not start."""
+    runs: tuple[Run, ...] = ()
+    """Every load run the trial loop asked for, in order (lengthened ones and the curve step's included)."""
 
 
 def _to_int_load(kind: str, value: float) -> int:
@@ -190,6 +285,34 @@ def _from_int_load(open_loop: bool, load: int) -> Load:
     return Load("request_rate", load / 60.0) if open_loop else Load("concurrency", float(load))
 
 
+@dataclass
+class TestbedWorld:
+    """The trial loop's `World` on a testbed: each run a load step on the running server, its reading in the
+    status metric names the core reads."""
+
+    testbed: Testbed
+    scenario: Scenario
+    plan: TrialPlan
+    readings: list[tuple[Run, Reading]] = field(default_factory=list)
+
+    def run(self, run: Run) -> RunResult | RunFailure:
+        curve = self.plan.curve if run.purpose is StepPurpose.CURVE else None
+        open_loop = curve.open_loop if curve is not None else self.plan.config.open_loop
+        reading = self.testbed.run_load(_from_int_load(open_loop, run.load), seconds=run.seconds)
+        self.readings.append((run, reading))
+        if not reading.ok:
+            return RunFailure(reading.failure or "the server failed under load")
+        return RunResult(status_metrics(reading, self.scenario, self.plan.config.slo.percentile))
+
+    def search_readings(self) -> dict[int, Reading]:
+        """The reading each load of the search counted, the full window's where there is one."""
+        out: dict[int, Reading] = {}
+        for run, reading in self.readings:
+            if run.purpose is not StepPurpose.CURVE and (run.purpose is not StepPurpose.BRACKET or run.load not in out):
+                out[run.load] = reading
+        return out
+
+
 def operator_trial(
     testbed: Testbed,
     scenario: Scenario,
@@ -199,48 +322,44 @@ def operator_trial(
     neighbours: Sequence[TrialResult] = (),
     predicted: int | None = None,
 ) -> TrialResult:
-    """Start the setting and measure it exactly as the operator does: `core.protocol` decides every load
-    step (the capacity search warm-started at a twin's predicted capacity, else at the nearest finished
-    trial's), combines repeats, judges the SLO and concludes; the simulated GPU only serves the load and
-    bills it."""
-    from batchtune.bench.strategies.ours import status_metrics
-
+    """Start the setting and measure it exactly as the operator does: the operator's trial loop
+    (`core.trial_loop.run_trial`) decides every load run (the capacity search warm-started at a twin's predicted
+    capacity, else at the nearest finished trial's; short bracketing steps, lengthened runs, the curve step), combines
+    repeats, judges the SLO and concludes; the simulated GPU only serves the load and bills it."""
     start = testbed.start(knobs)
     if not start.ok:
         return TrialResult(knobs, False, 0.0, False, None, None, start.error)
-    config = protocol.config(scenario)
-    setting = Setting(knobs.max_num_seqs, knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
-    found = core_protocol.neighbours_of([(Setting(r.knobs.max_num_seqs, r.knobs.gpu_memory_utilization_pct,
-                                                  r.knobs.max_num_batched_tokens), r.conclusion.metrics)
+    view = protocol.view(scenario)
+    config = view.protocol
+    found = core_protocol.neighbours_of([(_setting(r.knobs), r.conclusion.metrics)
                                          for r in neighbours if r.met and r.conclusion is not None])
-    driver = core_protocol.TrialDriver(setting, config, found, predicted=predicted)
-    readings: dict[int, Reading] = {}
-    short_seconds = protocol.bracket_seconds(scenario)
-    while (step := driver.next_step()) is not None:
-        load, runs = step.load, []
-        for _ in range(config.repeats):
-            reading = testbed.run_load(_from_int_load(config.open_loop, load),
-                                       seconds=short_seconds if step.short else None)
-            if not reading.ok:
-                # A setting that crashes under any tried load is no candidate, whatever passed before.
-                return TrialResult(knobs, True, 0.0, False, None, reading, reading.failure, len(driver.steps) + 1)
-            runs.append(RunResult(status_metrics(reading, scenario, config.slo.percentile)))
-            if not step.short or load not in readings:
-                readings[load] = reading  # the full window's reading, where there is one
-        driver.record(load, runs, full=not step.short)
-    conclusion = driver.conclude()
+    plan = TrialPlan(_setting(knobs), config, view.windows, tuple(found), protocol.curve_load(scenario), predicted)
+    world = TestbedWorld(testbed, scenario, plan)
+    finished = run_trial(plan, world)
+    runs = tuple(r for r, _ in world.readings)
+    readings = world.search_readings()
+    if finished.concluded is None:
+        # A setting that crashes under any load of its search is no candidate, whatever passed before.
+        failing = world.readings[-1][1]
+        return TrialResult(knobs, True, 0.0, False, None, failing, failing.failure, len(search_results(finished.steps)) + 1,
+                           runs=runs)
+    conclusion = finished.concluded.conclusion
     if conclusion.verdict is not Verdict.MET:
         lowest = readings[min(readings)] if readings else None
-        return TrialResult(knobs, True, 0.0, False, None, lowest, None, conclusion.steps, conclusion)
+        return TrialResult(knobs, True, 0.0, False, None, lowest, None, conclusion.steps, conclusion, runs)
     value = objective_value(config.objective, conclusion.metrics) or 0.0
     capacity_load = conclusion.metrics.get(M.SLO_CAPACITY_LOAD)
     if config.searches_capacity and capacity_load is not None:
         load = int(capacity_load)
         claimed = _from_int_load(config.open_loop, load)
         return TrialResult(knobs, True, max(value, 0.0), True, claimed, readings.get(load), None, conclusion.steps,
-                           conclusion)
+                           conclusion, runs)
     return TrialResult(knobs, True, max(value, 0.0), True, scenario.load, next(iter(readings.values()), None), None,
-                       conclusion.steps, conclusion)
+                       conclusion.steps, conclusion, runs)
+
+
+def _setting(knobs: Knobs) -> Setting:
+    return Setting(knobs.max_num_seqs, knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
 
 
 @dataclass

@@ -25,8 +25,9 @@ TUNER_GMU_PCT: tuple[int, ...] = (85, 90, 92, 94, 96, 98)
 
 
 @dataclass(frozen=True)
-class SearchSpace:
-    """Candidate values per knob; the product is the grid."""
+class KnobGrid:
+    """Candidate values per knob over the bench's `Knobs` (None: the engine's token budget); the product is the grid.
+    A tuner's grid reaches the core as its `core.planning.SearchSpace` (`bench.evaluate.TrialProtocol.spec`)."""
 
     max_num_seqs: tuple[int, ...]
     gpu_memory_utilization_pct: tuple[int, ...]
@@ -76,11 +77,11 @@ class Scenario:
     tensor_parallel_size: int = 1
     max_model_len: int | None = None
     length_dist: LengthDist = "fixed"
-    tuner_space: SearchSpace = field(
-        default_factory=lambda: SearchSpace(TUNER_MAX_NUM_SEQS, TUNER_GMU_PCT)
+    tuner_space: KnobGrid = field(
+        default_factory=lambda: KnobGrid(TUNER_MAX_NUM_SEQS, TUNER_GMU_PCT)
     )
-    oracle_space: SearchSpace = field(
-        default_factory=lambda: SearchSpace(ORACLE_MAX_NUM_SEQS, ORACLE_GMU_PCT)
+    oracle_space: KnobGrid = field(
+        default_factory=lambda: KnobGrid(ORACLE_MAX_NUM_SEQS, ORACLE_GMU_PCT)
     )
     measure_s: float = 60.0
     """Measured window of one load step (`spec.trial.measureSeconds`); long generations need longer."""
@@ -116,7 +117,7 @@ class Scenario:
         seqs = sorted(set(self.tuner_space.max_num_seqs) | {
             int(round((a * b) ** 0.5)) for a, b in zip(self.tuner_space.max_num_seqs, self.tuner_space.max_num_seqs[1:], strict=False)
         })
-        oracle = SearchSpace(tuple(seqs), self.tuner_space.gpu_memory_utilization_pct,
+        oracle = KnobGrid(tuple(seqs), self.tuner_space.gpu_memory_utilization_pct,
                              self.tuner_space.max_num_batched_tokens)
         return replace(self, sim_window_s=min(self.measure_s, 20.0), oracle_space=oracle)
 
@@ -131,8 +132,8 @@ class Scenario:
         return "tok/s" if self.objective == "throughput" else "req/s"
 
 
-def _space(mns: tuple[int, ...], gmu: tuple[int, ...], mbt: tuple[int | None, ...] = (None,)) -> SearchSpace:
-    return SearchSpace(mns, gmu, mbt)
+def _space(mns: tuple[int, ...], gmu: tuple[int, ...], mbt: tuple[int | None, ...] = (None,)) -> KnobGrid:
+    return KnobGrid(mns, gmu, mbt)
 
 
 LLAMA8B = "meta-llama/Llama-3.1-8B-Instruct"

@@ -29,6 +29,18 @@ class GroundTruth(Protocol):
         ...
 
 
+JOB_START_S = 5.0
+"""A load Job's creation to its window's start, less the warm-up: the pod's start and the load generator's start-up
+(median 4.9 s over 14 runs on the local cluster; docs/benchmarks.md, "Cost model")."""
+TICK_S = 2.0
+"""The chart's operator.tickSeconds."""
+TICKS_AFTER_A_RUN = 2.9
+"""Ticks from a run's window end, past the scrape lag, to the next Job's creation: the tick that reads the run, the
+one that records the next step's intent, the one that creates its Job (7.9 s measured at 1 s ticks and a 5 s lag)."""
+SCRAPE_LAG_S = 6.0 + TICKS_AFTER_A_RUN * TICK_S
+"""The operator's scrape lag (BATCHTUNE_SCRAPE_LAG_SECONDS, 6 s by default) and those ticks at the chart's tick."""
+
+
 @dataclass(frozen=True)
 class CostModel:
     """How long each step of a tuning run keeps the GPUs busy (seconds of wall time on every GPU)."""
@@ -41,6 +53,12 @@ class CostModel:
     every step pays `warmup_s` (`Fixed`)."""
     drain_s_cap: float = 120.0
     """A prompt-counted run (`vllm bench serve --num-prompts N`) ends when the last request finishes; cap the tail."""
+    job_start_s: float = JOB_START_S
+    """Every operator load run before its warm-up: the tick that creates its Job, the Job's pod start and the load
+    generator's start-up (the trial's GPUs are held meanwhile)."""
+    scrape_lag_s: float = SCRAPE_LAG_S
+    """Every operator load run after its window: the install's scrape lag and the ticks until the next run's Job (a
+    trial's last run ends sooner, at the reading tick: billed the same, a few seconds over, alike for every strategy)."""
 
 
 @dataclass
@@ -101,11 +119,12 @@ class SimTestbed:
 
     def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = True,
                  seconds: float | None = None) -> Reading:
-        """One load step on the running server. Operator-style steps (prompts=None) last the scenario's `measure_s`
-        (or `seconds`, a bracketing step's shorter window) after their warm-up (the first after a start the full
-        `warmup_s`, later ones the steady-state time); prompt-counted steps last until the N-th request completes.
-        A shorter window simulates proportionally less time and is noisier (run-to-run noise grows as 1/sqrt of
-        the window)."""
+        """One load step on the running server. Operator-style steps (prompts=None) are a load Job each: its start
+        (`job_start_s`), its warm-up (the first after a start the full `warmup_s`, later ones the steady-state
+        time), the scenario's `measure_s` or `seconds` (a bracketing step's shorter window, a lengthened run's
+        longer one), then the scrape lag (`scrape_lag_s`); prompt-counted steps last until the N-th request
+        completes. Another window simulates proportionally more or less time, with run-to-run noise as 1/sqrt of
+        its length."""
         if self._running is None:
             raise RuntimeError("run_load needs a started server; call start() first and check its result")
         warm = self._warm
@@ -114,8 +133,7 @@ class SimTestbed:
         self._calls += 1
         seed = derive_seed(self.seed, self.scenario.name, self._calls)
         full = self.scenario.measure_s
-        short = prompts is None and seconds is not None and 0 < seconds < full
-        fraction = seconds / full if short and seconds is not None else 1.0
+        fraction = seconds / full if prompts is None and seconds is not None and seconds > 0 else 1.0
         # The load before the window is what an operator step gets: up to spec.trial.warmupSeconds, or until the
         # steady-state test passes, which by its definition leaves the queue settled either way.
         reading = self.truth.measure(
@@ -125,6 +143,7 @@ class SimTestbed:
         )
         self.ledger.load_steps += 1
         if prompts is None and warmup:  # billed as the operator runs each step: a load Job of its own
+            self._charge(self.cost.job_start_s + self.cost.scrape_lag_s)
             self._charge(steady_warmup_seconds(reading, self.cost.warmup_s)
                          if warm and self.cost.steady_warmup else self.cost.warmup_s)
         if prompts is None:

@@ -125,7 +125,7 @@ class Testbed(Protocol):
 
     def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = False,
                  seconds: float | None = None) -> Reading:
-        """`seconds`: a shorter measured window than the scenario's (a bracketing step)."""
+        """`seconds`: the measured window when it is not the scenario's (a bracketing step's, a lengthened run's)."""
         ...
 
 

@@ -12,13 +12,14 @@ import sys
 
 from batchtune import __version__
 
-# Order is the order shown in --help.
+# Order is the order shown in --help. Modules are named, not imported: `batchtune operator` is the operator's own
+# entry point (controller/main.py), which the CLI never imports otherwise (the layering in pyproject.toml).
 COMMAND_MODULES = [
     "batchtune.cli.validate",
     "batchtune.cli.plan",
     "batchtune.cli.twin",
     "batchtune.cli.loadgen",
-    "batchtune.cli.operator",
+    "batchtune.controller.main",
     "batchtune.cli.status",
     "batchtune.cli.report",
     "batchtune.cli.recommend",

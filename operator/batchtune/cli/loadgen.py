@@ -6,30 +6,17 @@ import argparse
 import math
 import os
 import sys
-from typing import Any
 
-TERMINATION_ENV = "BATCHTUNE_TERMINATION_MESSAGE_PATH"
-TIME_SCALE_ENV = "BATCHTUNE_TIME_SCALE"
+from batchtune.loadgen.command import (
+    TERMINATION_ENV,
+    TIME_SCALE_ENV,
+    env_time_scale,
+    execute,
+    parse_floats,
+    write_file,
+)
 
-
-def env_time_scale() -> float:
-    """BATCHTUNE_TIME_SCALE as a float (1 when unset or empty)."""
-    raw = os.environ.get(TIME_SCALE_ENV, "").strip()
-    try:
-        value = float(raw) if raw else 1.0
-    except ValueError:
-        raise SystemExit(f"error: {TIME_SCALE_ENV}={raw!r} is not a number") from None
-    if value <= 0:
-        raise SystemExit(f"error: {TIME_SCALE_ENV}={raw!r} must be > 0")
-    return value
-
-
-def parse_floats(text: str, name: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{name}={text!r}: expected comma-separated numbers") from None
-
+__all__ = ["execute", "parse_floats", "parse_goodput", "run", "summarize"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
@@ -97,7 +84,7 @@ def parse_goodput(item: str) -> tuple[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     from batchtune.core.workload import parse_bucket_text
-    from batchtune.loadgen import LoadSpec
+    from batchtune.loadgen import LoadRun
     from batchtune.loadgen.workload import read_trace
 
     if args.summarize_result:
@@ -111,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag}: the histogram holds no request")
         trace = tuple(read_trace(args.trace)) if args.trace else ()
         goodput = tuple(parse_goodput(item) for item in args.goodput or ())
-        spec = LoadSpec(
+        spec = LoadRun(
             base_url=args.base_url,
             endpoint=args.endpoint,
             model=args.model,
@@ -145,39 +132,6 @@ def run(args: argparse.Namespace) -> int:
     return execute(spec, result_file=args.result_file, termination_path=args.termination_message_path, quiet=args.quiet)
 
 
-def execute(spec: Any, *, result_file: str | None, termination_path: str | None, quiet: bool = False) -> int:
-    """Run `spec`, write the result file and termination summary; exit 0 if any request completed."""
-    import json
-
-    from batchtune.loadgen import TargetRefused, compact_summary, format_report, run_load_sync
-
-    # A node agent standing in for the kubelet names where the container's message file really is.
-    termination = os.environ.get(TERMINATION_ENV) or termination_path or None
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    try:
-        result = run_load_sync(spec, log=log)
-    except (TargetRefused, ConnectionError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if termination:
-            _write(termination, json.dumps({"error": str(exc)[:3500]}))
-        return 2
-    if not quiet:
-        print(format_report(result), flush=True)
-    if result_file:
-        _write(result_file, json.dumps(result, indent=2))
-    if termination:
-        _write(termination, compact_summary(result))
-    if not result.get("samples"):
-        # Nothing was sent inside the window: no figure can stand. An overloaded run (requests sent,
-        # none finished) is a measurement, not a failure: its percentiles say how slow it was.
-        print("error: no request was sent inside the measurement window", file=sys.stderr)
-        return 1
-    return 0
-
-
 def summarize(path: str, termination_path: str | None) -> int:
     """The compact summary of a `vllm bench serve` result file, with its window in wall-clock seconds.
 
@@ -206,18 +160,10 @@ def summarize(path: str, termination_path: str | None) -> int:
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         if termination:
-            _write(termination, json.dumps({"error": f"{path}: {exc}"[:3500]}))
+            write_file(termination, json.dumps({"error": f"{path}: {exc}"[:3500]}))
         return 2
     text = compact_summary(result)
     if termination:
-        _write(termination, text)
+        write_file(termination, text)
     print(text)
     return 0 if result.get("samples") else 1
-
-
-def _write(path: str, text: str) -> None:
-    directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)

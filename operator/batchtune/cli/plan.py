@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from batchtune.cli.terminal import markup, safe, text
+from batchtune.terminal import markup, safe, text
 
 if TYPE_CHECKING:
     from batchtune.core import EngineLimits, Setting
@@ -47,12 +47,12 @@ def _target(path: str, container_name: str | None) -> tuple[Engine, EngineLimits
     return engine, engine.limits(invocation.flags), invocation
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:  # noqa: C901
     from rich.console import Console
     from rich.table import Table
 
     from batchtune.api import InvalidBatchTuning, load_file
-    from batchtune.core import EngineLimits, SearchSpace, SloTargets, plan_candidates
+    from batchtune.core import EngineLimits, plan_candidates
     from batchtune.core.search import Search
     from batchtune.engines import VLLM, ArgsError
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                               f"gmu={markup(invocation.gpu_memory_utilization_percent)}% "
                               f"mbt={markup(invocation.max_num_batched_tokens)}")
             try:
-                space = SearchSpace.from_spec(spec.search_space)
+                space = spec.search_space.core()
             except ValueError as exc:
                 print(f"{title}: spec.searchSpace: {safe(exc)}")
                 status = 1
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 status = 1
                 continue
             strategy_kind = getattr(spec.strategy.type, "value", spec.strategy.type)
-            search = Search.start(strategy_kind, space, invariant, plan.pruned, SloTargets.from_spec(spec.slo),
+            search = Search.start(strategy_kind, space, invariant, plan.pruned, spec.slo.core(),
                                   getattr(spec.objective.type, "value", spec.objective.type),
                                   spec.strategy.seed, spec.strategy.max_trials)
             wanted = args.asks if args.asks is not None else max(3, spec.strategy.max_parallel_trials)

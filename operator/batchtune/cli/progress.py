@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from batchtune.cli.terminal import safe
 from batchtune.core.vocabulary import M
+from batchtune.terminal import safe
 
 _RUNNING = ("Deploying", "Warming", "Measuring")
 _ENDED = ("Done", "Infeasible", "Failed")

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from batchtune.cli.status import add_common_arguments
-from batchtune.cli.terminal import clean, safe
+from batchtune.terminal import clean, safe
 
 # -o value -> (status.recommendation field, what it is)
 FORMATS = {

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchtune.cli.status import add_common_arguments
-from batchtune.cli.terminal import safe, text
+from batchtune.terminal import safe, text
 
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
 HTML_FILE = "report.html"

@@ -2,7 +2,7 @@
 
 The render functions here take the BatchTuning as the API returns it (a dict) and build rich
 renderables; `report` reuses them. Every string from the object reaches the terminal through
-`batchtune.cli.terminal` (control characters escaped, never parsed as rich markup). Heavy imports
+`batchtune.terminal` (control characters escaped, never parsed as rich markup). Heavy imports
 stay inside functions so `batchtune --help` is fast.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from batchtune.cli.terminal import clean, safe, text
+from batchtune.terminal import clean, safe, text
 
 TERMINAL_PHASES = ("Succeeded", "Recommended", "RolledBack", "Failed")
 SUCCESSFUL_PHASES = ("Succeeded", "Recommended")
@@ -345,7 +345,7 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def decision(bt: Mapping[str, Any]) -> Any:
+def decision(bt: Mapping[str, Any]) -> Any:  # noqa: C901
     """The decision with its reasons: setting, knee, replicas hint, and what happened in production."""
     from rich.text import Text
 

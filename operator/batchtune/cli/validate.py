@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from batchtune.cli.terminal import safe
+from batchtune.terminal import safe
 
 if TYPE_CHECKING:
 
@@ -112,7 +112,7 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     production's own flags are not known offline.
     """
     from batchtune.api import MISSING, FieldError
-    from batchtune.core import SearchSpace, plan_candidates
+    from batchtune.core import plan_candidates
     from batchtune.engines import VLLM
 
     space_spec = bt.spec.search_space
@@ -121,7 +121,7 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     if problems:
         return [FieldError("spec.searchSpace.extraArgs", MISSING, problem) for problem in problems], None
     limits = VLLM.limits({}, extra)
-    space = SearchSpace.from_spec(space_spec)
+    space = space_spec.core()
     plan = plan_candidates(space, lambda s: VLLM.invariant_violation(s, limits), limits=limits)
     total = len(plan.candidates) + len(plan.pruned)
     if not plan.candidates:

@@ -19,7 +19,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from batchtune.cli.terminal import safe
+from batchtune.terminal import safe
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,7 +71,7 @@ def overrides(pairs: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from batchtune.client import CliError, connect
-    from batchtune.controller.prometheus import PrometheusUnavailable
+    from batchtune.prometheus import PrometheusUnavailable
 
     try:
         kube = connect(args.kubeconfig, args.context)
@@ -93,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
 
 def capture(kube: Any, namespace: str, args: argparse.Namespace) -> Any:
     """The profile of the Deployment's traffic, or why there is none (a string)."""
-    from batchtune.controller.prometheus import Production, PrometheusReader
     from batchtune.core.manifests import LABEL_TUNING
     from batchtune.core.promql import LabelNames, MetricNames, QueryContext, rate_window_seconds
     from batchtune.core.workload import build_profile
     from batchtune.engines import ENGINES, ArgsError, find_engine_container
+    from batchtune.prometheus import Production, PrometheusReader
 
     if args.lookback < 600:
         raise ValueError(f"--lookback {args.lookback}: at least 600 seconds")

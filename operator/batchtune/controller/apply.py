@@ -9,15 +9,13 @@ batchtune applied.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from batchtune.api import AppliedRecord
 from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import telemetry
 from batchtune.controller.ports import Conflict
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick, iso
-from batchtune.controller.trials import target_changed
 from batchtune.core import verify as verifying
 from batchtune.core.production import (
     ANNOTATION_APPLIED,
@@ -34,6 +32,7 @@ from batchtune.core.production import (
 from batchtune.core.recommend import ContainerArgs, production_args
 from batchtune.core.verify import Next, VerifyPolicy
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, Verdict
+from batchtune.prometheus import PrometheusUnavailable
 
 
 def _record(args: ContainerArgs) -> ArgsRecord:
@@ -45,14 +44,13 @@ def _args(record: ArgsRecord | None) -> ContainerArgs | None:
 
 
 def policy(tick: Tick) -> VerifyPolicy:
-    assert tick.spec is not None
     a = tick.spec.apply
     return VerifyPolicy(a.verify_seconds, a.verify_timeout_seconds, a.verify_min_requests, a.max_regression_percent,
                         a.on_inconclusive_verify)
 
 
 def apply(tick: Tick) -> None:
-    assert tick.spec is not None and tick.status.recommendation is not None
+    assert tick.status.recommendation is not None
     target = tick.target()
     if target is None:
         return
@@ -62,26 +60,16 @@ def apply(tick: Tick) -> None:
         resume_from_mark(tick, target, mark)  # patched before a crash took the status write
         return
     if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
-        target_changed(tick, target)
+        tick.target_changed(target)
         return
     setting = tick.status.recommendation.setting.core()
-    desired = production_args(target.engine, target.container, setting, tuple(tick.spec.search_space.extra_args or ()))
+    desired = production_args(target.engine, target.container, setting, tick.view.spec.extra_args)
     current = ContainerArgs.of(target.container)
     if current == desired:
         tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
         return
-    last = ((target.deployment["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_AT))
-    if last:
-        from datetime import datetime
-
-        try:
-            until = datetime.fromisoformat(last.replace("Z", "+00:00")) + timedelta(seconds=tick.spec.apply.cooldown_seconds)
-        except ValueError:
-            until = tick.now
-        if until > tick.now:
-            tick.waiting(Reason.COOLDOWN_ACTIVE, f"Production was changed at {last}; spec.apply.cooldownSeconds "
-                                                 f"holds the next change until {iso(until)}")
-            return
+    if cooling_down(tick, target):
+        return
     applied = tick.status.applied
     if applied is None or applied.before is None or _args(applied.previous) != current:
         # Checkpoint production's window and exact args before touching it.
@@ -114,6 +102,22 @@ def apply(tick: Tick) -> None:
                                                     f"{tick.spec.apply.verify_seconds}s")
 
 
+def cooling_down(tick: Tick, target: Target) -> bool:
+    """Production changed less than spec.apply.cooldownSeconds ago (then the tick waits, saying until when)."""
+    last = ((target.deployment["metadata"].get("annotations") or {}).get(ANNOTATION_APPLIED_AT))
+    if not last:
+        return False
+    try:
+        until = datetime.fromisoformat(last.replace("Z", "+00:00")) + timedelta(seconds=tick.spec.apply.cooldown_seconds)
+    except ValueError:
+        until = tick.now
+    if until <= tick.now:
+        return False
+    tick.waiting(Reason.COOLDOWN_ACTIVE, f"Production was changed at {last}; spec.apply.cooldownSeconds "
+                                         f"holds the next change until {iso(until)}")
+    return True
+
+
 def resume_from_mark(tick: Tick, target: Target, mark: AppliedMark) -> None:
     """Status catches up with what production's own record says this generation did."""
     applied = tick.status.applied or AppliedRecord(generation=mark.generation, target=target.name)
@@ -133,7 +137,6 @@ def resume_from_mark(tick: Tick, target: Target, mark: AppliedMark) -> None:
 
 
 def verify(tick: Tick) -> None:
-    assert tick.spec is not None
     applied = tick.status.applied
     target = tick.target(applied.target if applied and applied.target else None)
     if target is None or applied is None or applied.applied_at is None:
@@ -157,6 +160,13 @@ def verify(tick: Tick) -> None:
     if current is None or ContainerArgs.of(current) != mark.applied:
         changed_by_others(tick, target.name, "its container's command line is no longer what batchtune applied")
         return
+    if rolled_out(tick, target, applied):
+        judge_window(tick, target, mark, applied)
+
+
+def rolled_out(tick: Tick, target: Target, applied: AppliedRecord) -> bool:
+    """Whether production's rollout is done and recorded (a stuck one rolls back); the window starts there."""
+    assert applied.applied_at is not None
     if not rollout_complete(target.deployment):
         deadline = applied.applied_at + timedelta(seconds=tick.spec.trial.readiness_timeout_seconds)
         if tick.now > deadline:
@@ -164,12 +174,18 @@ def verify(tick: Tick) -> None:
                      f"{tick.spec.trial.readiness_timeout_seconds}s (spec.trial.readinessTimeoutSeconds)")
         else:
             tick.waiting(Reason.WAITING_FOR_ROLLOUT, f"Waiting for {target.name} to roll out")
-        return
+        return False
     if applied.rollout_completed_at is None:
         applied.rollout_completed_at = tick.now
-        return
+        return False
+    return True
+
+
+def judge_window(tick: Tick, target: Target, mark: AppliedMark, applied: AppliedRecord) -> None:
+    """Production since the rollout against its figures before: wait, verified, rolled back or inconclusive."""
     rules = policy(tick)
     start = applied.rollout_completed_at
+    assert start is not None
     end = tick.now - timedelta(seconds=tick.ports.install.scrape_lag_seconds)
     if end < start + timedelta(seconds=rules.verify_seconds):
         return
@@ -191,7 +207,7 @@ def verify(tick: Tick) -> None:
     if state is Next.INCONCLUSIVE:
         inconclusive(tick, target, mark, requests)
         return
-    result = verifying.judge(tick.slo(), rules.max_regression_percent, applied.before or {}, after)
+    result = verifying.judge(tick.view.slo, rules.max_regression_percent, applied.before or {}, after)
     if result.verdict is Verdict.UNKNOWN:
         if tick.now >= start + timedelta(seconds=rules.timeout_seconds):
             inconclusive(tick, target, mark, requests, result.reason)

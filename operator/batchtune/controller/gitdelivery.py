@@ -24,13 +24,13 @@ from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller.forge import ForgeError, api_url
 from batchtune.controller.gitremote import GitError
 from batchtune.controller.ports import NotAllowed
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import gitwrite
 from batchtune.core.policy import git_url_problem
 from batchtune.core.production import rollout_complete
 from batchtune.core.recommend import ContainerArgs, kustomize_patch, production_args
 from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState
+from batchtune.prometheus import PrometheusUnavailable
 
 FORGE_POLL_SECONDS = 30
 """How often an open pull request's state is asked of the forge while waiting."""
@@ -254,9 +254,7 @@ def await_merge(tick: Tick) -> None:
         tick.set_phase(Phase.VERIFYING, Reason.MERGED_CHANGE_RUNNING, text)
         return
     if current != _args(applied.previous):
-        from batchtune.controller.trials import target_changed
-
-        target_changed(tick, target)  # production moved to something else: the trials no longer hold
+        tick.target_changed(target)  # production moved to something else: the trials no longer hold
         return
     if record.number and (record.checked_at is None
                           or tick.now >= record.checked_at + timedelta(seconds=FORGE_POLL_SECONDS)):

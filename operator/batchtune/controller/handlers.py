@@ -19,7 +19,6 @@ from batchtune.controller import kube, retune, telemetry
 from batchtune.controller.guidance import TwinWorker
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Install, Ports
-from batchtune.controller.prometheus import PrometheusReader
 from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.reports import ReportQueue
 from batchtune.controller.tick import Tuning
@@ -35,6 +34,7 @@ from batchtune.core.manifests import (
 )
 from batchtune.core.vocabulary import Phase, TrialState
 from batchtune.engines import ENGINES
+from batchtune.prometheus import PrometheusReader
 
 TICK_SECONDS = float(os.environ.get("BATCHTUNE_TICK_SECONDS", "2"))
 # Nodes and every namespace's GPU pods are watched only by a cluster-wide install (a namespaced one

@@ -1,4 +1,4 @@
-"""Pending/Planning: read production, check the spec against the install, plan the candidates."""
+"""The Pending/Planning phase (I/O): read production, check the spec against the install, plan (core/planning.py)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,30 @@ from batchtune.api import (
     CurveLoadRecord,
     CurveLoadType,
     EngineLimitsRecord,
-    LoadSpec,
     PlanRecord,
     PrunedSetting,
     Setting,
     WorkloadRecord,
 )
+from batchtune.controller import records
+from batchtune.controller import tick as tick_
 from batchtune.controller.ports import MetricsReader
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
 from batchtune.core.measurement import window_too_short
-from batchtune.core.planning import SearchSpace, plan_candidates
+from batchtune.core.planning import EngineLimits, Plan, plan_candidates
 from batchtune.core.policy import load_image_problem
 from batchtune.core.production import fingerprint
-from batchtune.core.promql import rate_window_seconds
 from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
-from batchtune.core.workload import build_profile
-from batchtune.engines import ArgsError
+from batchtune.engines import ArgsError, Invocation
+from batchtune.prometheus import PrometheusUnavailable
 
 MAX_PRUNED_IN_STATUS = 200
 
 
 def spec_problems(tick: Tick, target: Target) -> list[str]:
     """What the install or the engine refuses in the spec (extra args, load image)."""
-    assert tick.spec is not None
     problems = target.engine.check_extra_args(tick.spec.search_space.extra_args or [])
     allowed = list(tick.ports.install.load_images)
     if tick.spec.load.generator.value == "VllmBench":
@@ -73,46 +71,12 @@ def gpu_model(tick: Tick, reader: MetricsReader, target: Target) -> str | None:
         return None  # the prefilter is skipped, with its note; planning does not wait on it
 
 
-def spec_workload(load: LoadSpec) -> WorkloadRecord:
-    """The workload of a tuning that does not measure production: spec.load's trace or fixed lengths."""
-    if load.trace_config_map_ref is not None:
-        ref = load.trace_config_map_ref
-        return WorkloadRecord(source="trace", summary=f"the trace in ConfigMap {ref.name} key {ref.key} "
-                                                      "(spec.load.traceConfigMapRef), replayed as is")
-    if load.concurrency is not None:
-        arrivals = f"closed loop at {load.concurrency} concurrent requests"
-    elif load.requests_per_minute is not None:
-        arrivals = f"Poisson arrivals at {load.requests_per_minute} requests/min"
-    else:
-        arrivals = "closed loop at each trial's load steps"
-    return WorkloadRecord(source="spec", input_tokens=load.input_tokens, output_tokens=load.output_tokens,
-                          requests_per_minute=load.requests_per_minute,
-                          summary=f"spec.load: {load.input_tokens} prompt and {load.output_tokens} output tokens "
-                                  f"per request (fixed), {arrivals}")
-
-
-def production_profile(tick: Tick, target: Target) -> WorkloadRecord | str:
-    """Production's measured workload, or why there is none (`PrometheusUnavailable` propagates)."""
-    assert tick.spec is not None
-    wanted = tick.spec.load.production
-    lookback = wanted.lookback_seconds
-    window = min(rate_window_seconds(tick.ports.install.scrape_interval_seconds), lookback)
-    observation = tick.reader(target.engine).production_workload(tick.production(target), lookback, window)
-    if observation is None:
-        return f"Deployment {tick.tuning.namespace}/{target.name} has no pods to measure"
-    result = build_profile(observation, wanted.min_requests)
-    if result.profile is None:
-        return result.problem or "no profile"
-    return WorkloadRecord.of(result.profile, tick.now)
-
-
 def measure_workload(tick: Tick, target: Target) -> WorkloadRecord | None:
     """The workload this round holds for; None (after saying why) while production's cannot be measured yet."""
-    assert tick.spec is not None
     if not tick.spec.load.from_production:
-        return spec_workload(tick.spec.load)
+        return records.spec_workload(tick.spec.load)
     try:
-        profile = production_profile(tick, target)
+        profile = tick.production_profile(target)
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         return None
@@ -126,23 +90,9 @@ def measure_workload(tick: Tick, target: Target) -> WorkloadRecord | None:
     return profile
 
 
-PEAK_LOOKBACK_SECONDS = 3600
-
-
-def production_peak(tick: Tick, target: Target) -> tuple[float | None, str]:
-    """Production's observed peak request rate (all replicas together) and where it came from."""
-    workload = tick.status.workload
-    if workload is not None and workload.source == "production" and workload.peak_requests_per_second:
-        return workload.peak_requests_per_second, (f"the busiest {workload.rate_window_seconds or 60}s window of "
-                                                   f"the profile's {workload.lookback_seconds}s")
-    peak = tick.reader(target.engine).production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
-    return peak, f"the highest 1-minute rate over the last {PEAK_LOOKBACK_SECONDS}s"
-
-
 def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: int) -> CurveLoadRecord | None:
     """The common load of the report's curves (spec.report.curveLoad), fixed now so every trial runs the same.
     Raises PrometheusUnavailable when production's peak cannot be read yet."""
-    assert tick.spec is not None
     spec = tick.spec.report.curve_load
     kind = spec.kind
     if kind is CurveLoadType.OFF:
@@ -154,7 +104,7 @@ def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: 
         found = CurveLoad(spec.concurrency, False, "spec.report.curveLoad.concurrency") if spec.concurrency else \
             CurveLoad(largest_seqs, False, f"the largest maxNumSeqs planned ({largest_seqs})")
     else:
-        peak = reader.production_peak_rate(tick.production(target), PEAK_LOOKBACK_SECONDS)
+        peak = reader.production_peak_rate(tick.production(target), tick_.PEAK_LOOKBACK_SECONDS)
         ready = int((target.deployment.get("status") or {}).get("readyReplicas")
                     or (target.deployment.get("spec") or {}).get("replicas") or 1)
         found = production_peak_curve_load(peak, ready, largest_seqs,
@@ -163,10 +113,26 @@ def curve_load(tick: Tick, target: Target, reader: MetricsReader, largest_seqs: 
                            requests_per_minute=found.load if found.open_loop else None, source=found.source[:500])
 
 
+def window_problem(tick: Tick, target: Target) -> str | None:
+    """Why Prometheus could not measure the spec's windows (measure, bracketing, verify), or None."""
+    spec, interval = tick.spec, tick.ports.install.scrape_interval_seconds
+    counted = bool(spec.load.num_prompts)
+    short = window_too_short(spec.trial.measure_seconds, interval)
+    if short and not counted:
+        return f"spec.trial.measureSeconds {spec.trial.measure_seconds}: {short}"
+    bracket = spec.trial.bracket_seconds
+    short = window_too_short(bracket, interval, "spec.trial.bracketSeconds") if bracket else None
+    if short and not counted:
+        return f"spec.trial.bracketSeconds {bracket}: {short} (or 0: off)"
+    short = window_too_short(spec.apply.verify_seconds, interval, "spec.apply.verifySeconds")
+    if short and tick.apply_mode(target) == "Auto":
+        return f"spec.apply.verifySeconds {spec.apply.verify_seconds}: {short}"
+    return None
+
+
 def plan(tick: Tick) -> None:
     from batchtune.twin.prefilter import memory_fit
 
-    assert tick.spec is not None
     target = tick.target()
     if target is None:
         return
@@ -180,22 +146,9 @@ def plan(tick: Tick) -> None:
     if problems:
         tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))
         return
-    short = window_too_short(tick.spec.trial.measure_seconds, tick.ports.install.scrape_interval_seconds)
-    if short and not tick.spec.load.num_prompts:
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.measureSeconds {tick.spec.trial.measure_seconds}: "
-                                                       f"{short}")
-        return
-    bracket = tick.spec.trial.bracket_seconds
-    short = window_too_short(bracket, tick.ports.install.scrape_interval_seconds, "spec.trial.bracketSeconds") \
-        if bracket else None
-    if short and not tick.spec.load.num_prompts:
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.trial.bracketSeconds {bracket}: {short} (or 0: off)")
-        return
-    short = window_too_short(tick.spec.apply.verify_seconds, tick.ports.install.scrape_interval_seconds,
-                             "spec.apply.verifySeconds")
-    if short and tick.apply_mode(target) == "Auto":
-        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, f"spec.apply.verifySeconds {tick.spec.apply.verify_seconds}: "
-                                                       f"{short}")
+    short = window_problem(tick, target)
+    if short:
+        tick.fail(Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
         return
     try:
         reader = tick.reader(engine)
@@ -212,24 +165,29 @@ def plan(tick: Tick) -> None:
     fits, note = memory_fit(engine, baseline, product or gpu_model(tick, reader, target))
     # Extra args come last on every trial's command line: their limits (--max-model-len, ...) win.
     limits = engine.limits(baseline.flags, tick.spec.search_space.extra_args or ())
-    space = SearchSpace.from_spec(tick.spec.search_space)
-    candidates = plan_candidates(space, lambda s: engine.invariant_violation(s, limits), fits, limits)
+    candidates = plan_candidates(tick.view.spec.space, lambda s: engine.invariant_violation(s, limits), fits, limits)
     tick.status.pruned = [PrunedSetting(setting=Setting.of(p.setting), reason=p.reason, message=p.message[:1000],
                                         memory_reason=p.memory_reason)
                           for p in candidates.pruned[:MAX_PRUNED_IN_STATUS]]
     if not candidates.candidates:
         tick.fail(Reason.EMPTY_SEARCH_SPACE, "No setting is left to try: " + (candidates.error or ""))
         return
-    # A retune round measures production's own setting first, beside the candidates.
-    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     try:
         curve = curve_load(tick, target, reader, max(s.max_num_seqs for s in candidates.candidates))
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         tick.status.phase = Phase.PLANNING
         return
+    record_plan(tick, target, baseline, limits, candidates, product, note, curve, workload)
+
+
+def record_plan(tick: Tick, target: Target, baseline: Invocation, limits: EngineLimits, candidates: Plan,
+                product: str | None, note: str, curve: CurveLoadRecord | None, workload: WorkloadRecord) -> None:
+    """The plan into status, and on to Trialing."""
+    # A retune round measures production's own setting first, beside the candidates.
+    planned = min(tick.spec.strategy.max_trials, len(candidates.candidates)) + (1 if (tick.status.round or 1) > 1 else 0)
     tick.status.baseline = Baseline(
-        engine=engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
+        engine=target.engine.name, container_name=str(target.container["name"]), max_num_seqs=baseline.max_num_seqs,
         gpu_memory_utilization_percent=baseline.gpu_memory_utilization_percent,
         max_num_batched_tokens=baseline.max_num_batched_tokens, args=list(baseline.argv),
         fingerprint=fingerprint(target.container))

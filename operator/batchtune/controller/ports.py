@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from batchtune.controller.prometheus import Production
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext
+from batchtune.core.tuning import DEFAULT_SCRAPE_INTERVAL_SECONDS
 from batchtune.core.workload import WorkloadObservation
 from batchtune.engines import Engine
+from batchtune.prometheus import Production
 
 
 class Conflict(Exception):
@@ -144,7 +145,7 @@ class Install:
     """A Secret is read for spec.apply.git.credentialsSecretRef only if it carries this label with value "true"."""
     argocd_instance_labels: tuple[str, ...] = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance")
     """Labels Argo CD's label tracking uses on this cluster (its default and argocd-cm application.instanceLabelKey)."""
-    scrape_interval_seconds: float = 15.0
+    scrape_interval_seconds: float = DEFAULT_SCRAPE_INTERVAL_SECONDS
     """Prometheus' scrape interval for the engine's pods: a window needs two scrapes to be measured."""
     scrape_lag_seconds: float = 6.0
     """Prometheus needs a couple of scrapes after a run ends before the window is complete."""

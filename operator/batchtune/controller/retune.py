@@ -1,4 +1,4 @@
-"""Continuous tuning (spec.retune): the rounds, and the watch between them.
+"""Continuous tuning in the operator (I/O): its rounds in status, the watch between them (decisions: core/retune.py).
 
 A BatchTuning with `spec.retune` records its rounds in `status.rounds` (the first is round 1,
 `Initial`). Once a round has decided (Succeeded or Recommended), each tick looks at the watch: when
@@ -15,15 +15,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from batchtune.api import RetuneRecord, RoundRecord, TrialRecord
+from batchtune.api import RetuneRecord, RoundRecord
 from batchtune.controller import status as status_io
-from batchtune.controller.plan import production_profile
-from batchtune.controller.prometheus import PrometheusUnavailable
 from batchtune.controller.tick import Target, Tick
-from batchtune.core.retune import MAX_ROUNDS_IN_STATUS, RetunePolicy, RoundVerdict, Trigger, finite
+from batchtune.core.retune import MAX_ROUNDS_IN_STATUS, RetunePolicy, Trigger
 from batchtune.core.vocabulary import ConditionType, Phase, Reason
 from batchtune.core.workload import drift, drift_trigger
 from batchtune.engines import ENGINES, ArgsError, find_engine_container
+from batchtune.prometheus import PrometheusUnavailable
 
 WATCHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.RECOMMENDED})
 """A round is started only from a decision that stands; RolledBack and Failed wait for a person (a new spec)."""
@@ -31,7 +30,6 @@ WATCHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.RECOMMENDED})
 
 def track(tick: Tick) -> None:
     """Open round 1 when a retuned tuning starts; close the open round when its phase became terminal."""
-    assert tick.spec is not None
     if tick.spec.retune is None:
         return
     status = tick.status
@@ -53,23 +51,11 @@ def track(tick: Tick) -> None:
     last.workload = status.workload.summary if status.workload else None
     if last.best_setting is None and status.best_setting:
         last.best_trial, last.best_setting = status.best_trial, status.best_setting
-    policy = RetunePolicy.from_spec(tick.spec.retune)
+    policy = tick.spec.retune.core()
     status.retune = RetuneRecord(next_check_at=policy.next_check(tick.now, tick.now))
     watched = tick.phase in WATCHED_PHASES
     then = "production is watched for the next one" if watched else "retuning stops here (a new spec restarts it)"
     tick.event(not watched, Reason.ROUND_ENDED, f"Round {last.round} ended: {last.outcome}: {last.message}; {then}")
-
-
-def record_round(tick: Tick, current: TrialRecord, current_value: float | None, best_trial: str | None,
-                 best_setting: str | None, best_value: float | None, judged: RoundVerdict) -> None:
-    """What a retune round compared: production's setting and the best other one."""
-    if not tick.status.rounds:
-        return
-    last = tick.status.rounds[-1]
-    last.current_trial, last.current_setting = current.name, current.setting.summary()
-    last.current_objective = finite(current_value)
-    last.best_trial, last.best_setting, last.best_objective = best_trial, best_setting, finite(best_value)
-    last.improvement_percent = finite(judged.improvement_percent)
 
 
 def watch_due(spec: Mapping[str, Any], status: Mapping[str, Any], now: datetime) -> bool:
@@ -95,14 +81,14 @@ def watch_due(spec: Mapping[str, Any], status: Mapping[str, Any], now: datetime)
 
 def watch(tick: Tick) -> None:
     """A decided tuning: start the next round when the schedule or production's drift says so."""
-    assert tick.spec is not None and tick.spec.retune is not None
+    assert tick.spec.retune is not None
     status = tick.status
     if tick.phase not in WATCHED_PHASES or not status.rounds or status.rounds[-1].ended_at is None:
         return
     record = status.retune or RetuneRecord()
     if record.next_check_at is not None and tick.now < record.next_check_at:
         return  # between checks: no query, no write
-    policy = RetunePolicy.from_spec(tick.spec.retune)
+    policy = tick.spec.retune.core()
     last_ended = status.rounds[-1].ended_at
     why = policy.schedule_due(last_ended, tick.now)
     trigger = Trigger.SCHEDULE if why else None
@@ -121,7 +107,7 @@ def watch(tick: Tick) -> None:
 
 def check_drift(tick: Tick, policy: RetunePolicy, record: RetuneRecord) -> str | bool:
     """Production's drift from the round's profile: why it starts a round, "" when it does not, False: no answer."""
-    assert policy.thresholds is not None and tick.spec is not None
+    assert policy.thresholds is not None
     reference = tick.status.workload.profile() if tick.status.workload else None
     if reference is None:
         record.message = "no production profile to compare with (the last round did not measure one)"
@@ -131,7 +117,7 @@ def check_drift(tick: Tick, policy: RetunePolicy, record: RetuneRecord) -> str |
         record.message = f"Deployment {tick.tuning.namespace}/{tick.spec.target_ref.name} not found or not an engine's"
         return ""
     try:
-        measured = production_profile(tick, target)
+        measured = tick.production_profile(target)
     except PrometheusUnavailable as exc:
         tick.prometheus_down(exc)
         return False
@@ -157,7 +143,6 @@ def _drift_words(metrics: dict[str, float]) -> str:
 
 def quiet_target(tick: Tick) -> Target | None:
     """Production's Deployment and engine container, read without setting a waiting condition (a decided phase)."""
-    assert tick.spec is not None
     deployment = tick.ports.cluster.deployment(tick.tuning.namespace, tick.spec.target_ref.name)
     if deployment is None:
         return None

@@ -1,8 +1,9 @@
 """One reconcile tick of one BatchTuning: what it knows, and the small steps every phase shares.
 
-A `Tick` holds the object's identity, its parsed spec, the typed status it changes, the ports, the
-clock reading, and the Events to post. Phase modules (`planning`, `trialing`, `production`) take a
-tick and take the next step; `reconcile` dispatches.
+A `Tick` holds the object's identity, its parsed spec and the view of it in core types (`view`, built once per
+tick), the typed status it changes, the ports, the clock reading, and the Events to post. Phase modules (`plan`,
+`trials`, `decide`, `apply`) take a tick and take the next step; `reconcile` dispatches. No phase module imports
+another: what two phases share is here or in `records` (status <-> core).
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import BatchTuningSpec, BatchTuningStatus
+from batchtune.api import BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
 from batchtune.controller import status as status_io
-from batchtune.controller.ports import NotAllowed, Ports
-from batchtune.controller.prometheus import Production, PrometheusUnavailable, sanitize
+from batchtune.controller import telemetry
+from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
 from batchtune.core.gitops import ModeDecision, detect, resolve_mode
 from batchtune.core.manifests import LABEL_TUNING
-from batchtune.core.promql import LabelNames, MetricNames, QueryContext
-from batchtune.core.slo import SloTargets
-from batchtune.core.vocabulary import ConditionType, Phase, Reason
+from batchtune.core.policy import prometheus_url_problem
+from batchtune.core.promql import QueryContext, rate_window_seconds
+from batchtune.core.tuning import View, view_of
+from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
+from batchtune.core.workload import build_profile
 from batchtune.engines import ENGINES, ArgsError, Engine, UnsafeShell, find_engine_container
+from batchtune.prometheus import Production, PrometheusUnavailable, sanitize
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -30,6 +34,8 @@ Log = logging.Logger | logging.LoggerAdapter[Any]
 # purpose: it only spaces out retries, so losing it on a restart costs one early retry.
 PROMETHEUS_BACKOFF: dict[str, tuple[int, datetime]] = {}
 MAX_BACKOFF_SECONDS = 60
+PEAK_LOOKBACK_SECONDS = 3600
+"""Production's peak request rate is the highest 1-minute rate over this lookback."""
 
 
 @dataclass(frozen=True)
@@ -72,11 +78,42 @@ class Tick:
     now: datetime
     log: Log
     status: BatchTuningStatus = field(init=False)
-    spec: BatchTuningSpec | None = None
-    _reader: Any = None
+    _spec: BatchTuningSpec | None = None
+    _view: tuple[WorkloadRecord | None, View] | None = None
+    _reader: MetricsReader | None = None
 
     def __post_init__(self) -> None:
         self.status = status_io.load(self.tuning.status)
+
+    # ---- the spec ------------------------------------------------------------------------------
+
+    @property
+    def spec(self) -> BatchTuningSpec:
+        """The parsed spec (every phase runs after reconcile parsed it)."""
+        if self._spec is None:
+            raise RuntimeError(f"BatchTuning {self.tuning.name}: the spec is read before it was parsed")
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: BatchTuningSpec) -> None:
+        self._spec, self._view = spec, None
+
+    @property
+    def parsed(self) -> bool:
+        return self._spec is not None
+
+    @property
+    def view(self) -> View:
+        """The spec in core types and what derives from it, built once per tick (again only when planning records a
+        new workload)."""
+        workload = self.status.workload
+        if self._view is None or self._view[0] is not workload:
+            profile = workload.profile() if workload is not None else None
+            built = view_of(self.spec.core(), self.ports.install.scrape_interval_seconds, profile,
+                                workload.input_tokens if workload else None,
+                                workload.output_tokens if workload else None)
+            self._view = (workload, built)
+        return self._view[1]
 
     # ---- status, conditions, events ---------------------------------------------------------
 
@@ -118,7 +155,6 @@ class Tick:
 
     def target(self, name: str | None = None) -> Target | None:
         """Production's Deployment and engine container, or None after setting why."""
-        assert self.spec is not None
         ref = self.spec.target_ref
         name = name or ref.name
         ns = self.tuning.namespace
@@ -153,7 +189,6 @@ class Tick:
 
     def mode_decision(self, target: Target) -> ModeDecision:
         """The apply mode that runs, and why: spec.apply.mode, what manages the target, spec.apply.git."""
-        assert self.spec is not None
         a = self.spec.apply
         found = detect(target.deployment, str(target.container.get("name") or ""),
                        self.ports.install.argocd_instance_labels)
@@ -164,19 +199,67 @@ class Tick:
         """Auto, Recommend or PullRequest (`mode_decision`)."""
         return self.mode_decision(target).mode.value
 
+    # ---- trials ----------------------------------------------------------------------------
+
+    def finish(self, trial: TrialRecord, state: TrialState, reason: Reason, message: str, verdict: Verdict,
+               verdict_reason: str | None = None) -> None:
+        """The trial's outcome, in status; its objects are deleted once status says so (the garbage pass)."""
+        trial.state = state
+        trial.reason = reason
+        trial.message = message[:1000]
+        trial.verdict = verdict
+        trial.verdict_reason = (verdict_reason or message)[:1000]
+        trial.finished_at = self.now
+        telemetry.TRIALS.labels(result=state.value).inc()
+        self.log.info("Finished trial %s: %s (%s)", trial.name, state.value, reason.value)
+
+    def target_changed(self, target: Target) -> None:
+        """Production's container changed under the tuning: the measurements no longer hold, plan again."""
+        message = (f"Deployment {self.tuning.namespace}/{target.name} changed its engine container (image, command, "
+                   "args, env or resources) during tuning; the trials measured the old one, so tuning starts over")
+        for trial in self.status.trials:
+            if not trial.state.finished:
+                self.finish(trial, TrialState.FAILED, Reason.TARGET_CHANGED, message, Verdict.UNKNOWN)
+        self.status.trials = []
+        self.status.pruned = []
+        self.status.plan = None
+        self.status.baseline = None
+        self.status.trials_planned = 0
+        self.status.trials_completed = 0
+        self.set_phase(Phase.PENDING, Reason.TARGET_CHANGED, message)
+        self.event(True, Reason.TARGET_CHANGED, message)
+
+    # ---- production, through Prometheus ---------------------------------------------------------
+
+    def production_profile(self, target: Target) -> WorkloadRecord | str:
+        """Production's measured workload, or why there is none (`PrometheusUnavailable` propagates)."""
+        wanted = self.spec.load.production
+        lookback = wanted.lookback_seconds
+        window = min(rate_window_seconds(self.ports.install.scrape_interval_seconds), lookback)
+        observation = self.reader(target.engine).production_workload(self.production(target), lookback, window)
+        if observation is None:
+            return f"Deployment {self.tuning.namespace}/{target.name} has no pods to measure"
+        result = build_profile(observation, wanted.min_requests)
+        if result.profile is None:
+            return result.problem or "no profile"
+        return WorkloadRecord.of(result.profile, self.now)
+
+    def production_peak(self, target: Target) -> tuple[float | None, str]:
+        """Production's observed peak request rate (all replicas together) and where it came from
+        (`PrometheusUnavailable` propagates)."""
+        workload = self.status.workload
+        if workload is not None and workload.source == "production" and workload.peak_requests_per_second:
+            return workload.peak_requests_per_second, (f"the busiest {workload.rate_window_seconds or 60}s window of "
+                                                       f"the profile's {workload.lookback_seconds}s")
+        peak = self.reader(target.engine).production_peak_rate(self.production(target), PEAK_LOOKBACK_SECONDS)
+        return peak, f"the highest 1-minute rate over the last {PEAK_LOOKBACK_SECONDS}s"
+
     # ---- Prometheus ------------------------------------------------------------------------
 
-    def slo(self) -> SloTargets:
-        assert self.spec is not None
-        return SloTargets.from_spec(self.spec.slo)
-
-    def reader(self, engine: Engine) -> Any:
+    def reader(self, engine: Engine) -> MetricsReader:
         """The BatchTuning's Prometheus reader; `NotAllowed` when the install forbids its URL or Secret."""
         if self._reader is None:
-            assert self.spec is not None
             prom = self.spec.prometheus
-            from batchtune.core.policy import prometheus_url_problem
-
             problem = prometheus_url_problem(prom.url, self.ports.install.prometheus_urls)
             if problem:
                 raise NotAllowed(problem)
@@ -184,10 +267,8 @@ class Tick:
             if prom.auth_secret_ref is not None:
                 token = self.ports.cluster.secret_value(self.tuning.namespace, prom.auth_secret_ref.name,
                                                         prom.auth_secret_ref.key)
-            ctx = QueryContext(MetricNames.from_spec(engine.metrics, prom.metric_names),
-                               LabelNames.from_spec(prom.labels),
-                               LabelNames.from_spec(prom.gpu_labels, with_model=False),
-                               self.slo().percentile)
+            ctx = QueryContext(prom.metric_names.core(engine.metrics), prom.labels.core(), prom.gpu_labels.core(),
+                               self.view.slo.percentile)
             self._reader = self.ports.metrics.reader(prom.url, token, ctx, engine)
         return self._reader
 
@@ -199,7 +280,7 @@ class Tick:
         failures = PROMETHEUS_BACKOFF.get(self.tuning.uid, (0, self.now))[0] + 1
         delay = min(MAX_BACKOFF_SECONDS, 2 ** failures)
         PROMETHEUS_BACKOFF[self.tuning.uid] = (failures, self.now + timedelta(seconds=delay))
-        url = sanitize(self.spec.prometheus.url) if self.spec else "?"
+        url = sanitize(self.spec.prometheus.url) if self.parsed else "?"
         if self.condition(ConditionType.DEGRADED, True, Reason.PROMETHEUS_UNREACHABLE,
                           f"Prometheus at {url} (spec.prometheus.url) did not answer: {sanitize(str(exc))}; "
                           f"no decision is taken on missing data, retrying in {delay}s"):

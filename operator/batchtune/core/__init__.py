@@ -1,9 +1,11 @@
 """The tuning core: pure, typed functions with no I/O (the clock and the seed are passed in).
 
-    plan = plan_candidates(SearchSpace.from_spec(spec.search_space), invariant, fits)
+    spec = batchtuning_spec.core()                    # the api model's spec in core types (core.tuning)
+    plan = plan_candidates(spec.space, invariant, fits)
     search = Search.start("Adaptive", space, invariant, plan.pruned, slo, objective, seed, max_trials)
     setting = search.ask(history, pending)            # history: [(Setting, TrialOutcome), ...]
     load = protocol.next_load(steps, setting, neighbours, config)
+    finished = trial_loop.run_trial(plan, world)           # one trial's runs, lengthening, curve step, conclusion
     step = protocol.close_step(load, runs, config)    # worst case over repeats, SLO verdict, margin
     conclusion = protocol.conclude(steps, config)     # the trial's metrics, verdict, reason
     selection = select_best(trials, objective, slo)   # best, knee, reasons

@@ -1,4 +1,4 @@
-"""What a calibrated twin tells the search: predictions per candidate, and whether to trust them.
+"""The twin's advice as the search reads it (pure); twin/guide.py computes it, controller/guidance.py asks for it.
 
 The twin (`batchtune.twin.guide`) computes a `TwinAdvice` off the reconcile path from the finished
 trials; the `TwinGuided` strategy reads it as plain data, so a restarted operator rebuilding the

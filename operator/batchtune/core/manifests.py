@@ -20,7 +20,13 @@ from urllib.parse import urlsplit
 
 from batchtune import API_GROUP, API_VERSION, KIND
 from batchtune.core.gpus import GPU_PRODUCT_LABEL
+from batchtune.core.protocol import CurveLoad
 from batchtune.core.settings import Setting
+from batchtune.core.trial_loop import Run
+from batchtune.core.tuning import View, goodput_targets
+from batchtune.core.vocabulary import StepPurpose
+from batchtune.core.warmup import steady_warmup
+from batchtune.core.workload import bucket_text
 
 if TYPE_CHECKING:
     from batchtune.engines import Engine
@@ -248,6 +254,34 @@ class LoadProfile:
         """How long the Job may run: warm-up + measurement, doubled, plus two minutes to start."""
         measure = self.duration_seconds or 600
         return 2 * (self.warmup_seconds + measure) + 120
+
+
+def load_profile(view: View, run: Run, seed: int, curve: CurveLoad | None = None,
+                 max_model_len: int | None = None) -> LoadProfile:
+    """The load of one run of the trial loop (`core.trial_loop.Run`) as the load generator drives it: spec.load and
+    spec.trial through the tick's view, production's lengths and burstiness when it drives production's workload.
+
+    The curve step runs the common load (`curve`: a concurrency or a rate), never a trace's speed."""
+    spec = view.spec
+    curve = curve if run.purpose is StepPurpose.CURVE else None
+    open_loop = curve.open_loop if curve is not None else view.protocol.open_loop
+    trace = view.protocol.trace and curve is None
+    measured = view.workload
+    ref = spec.load.trace
+    return LoadProfile(
+        input_tokens=view.input_tokens, output_tokens=view.output_tokens,
+        concurrency=None if open_loop else run.load,
+        requests_per_minute=run.load if open_loop and not trace else None,
+        trace_speed_percent=run.load if trace else None,
+        trace_config_map=ref.config_map if trace and ref is not None else None,
+        trace_key=ref.key if ref is not None else "trace.jsonl",
+        duration_seconds=run.seconds, num_prompts=spec.load.num_prompts, warmup_seconds=spec.trial.warmup_seconds,
+        steady_warmup=steady_warmup(spec.trial.warmup, spec.load.builtin_generator, run.runs_before, trace),
+        percentile=view.slo.percentile, seed=seed,
+        burstiness=measured.burstiness if measured is not None else 1.0,
+        prompt_lengths=bucket_text(measured.prompt) if measured is not None else None,
+        output_lengths=bucket_text(measured.output) if measured is not None else None,
+        max_model_len=max_model_len, goodput_ms=goodput_targets(view.slo))
 
 
 def _builtin_args(base_url: str, model: str, profile: LoadProfile) -> list[str]:

@@ -87,37 +87,49 @@ def run_result(prometheus: Mapping[str, float | None], summary: Mapping[str, Any
                percentile: int) -> RunResult:
     """One load run's metrics: Prometheus for rates and engine/GPU signals, client-side latency percentiles."""
     values: dict[str, float] = {k: float(v) for k, v in prometheus.items() if v is not None}
-    notes: list[str] = []
-    if summary:
-        completed, failed = _count(summary.get("completed")), _count(summary.get("failed"))
-        if completed is not None and failed is not None and completed + failed > 0:
-            values[M.ERROR_RATE_PERCENT] = 100.0 * failed / (completed + failed)
-        for key, metric in (("samples", M.SAMPLES), ("in_flight", M.IN_FLIGHT),
-                            ("offered_request_rate", M.OFFERED_REQUEST_RATE), ("request_goodput", M.GOODPUT)):
-            number = _number(summary.get(key))
-            if number is not None:
-                values[metric] = number
-        for ours, stem in ((M.TTFT_MEAN_MS, "ttft"), (M.ITL_MEAN_MS, "itl")):
-            client = _number(summary.get(f"mean_{stem}_ms"))
-            if client is not None:
-                values[ours] = client  # the load generator's exact mean, as for the percentiles
-        for ours, histogram_key, stem in CLIENT_LATENCIES:
-            client = _number(summary.get(f"p{percentile}_{stem}_ms"))
-            if client is None:
-                continue
-            if ours in values:
-                values[histogram_key] = values[ours]
-            values[ours] = client
-        pairs = ((M.REQUEST_THROUGHPUT, "request_throughput"), (M.OUTPUT_THROUGHPUT, "output_throughput"),
-                 (M.ITL_HISTOGRAM_MS, f"p{percentile}_itl_ms"), (M.TTFT_HISTOGRAM_MS, f"p{percentile}_ttft_ms"),
-                 (M.E2E_HISTOGRAM_MS, f"p{percentile}_e2el_ms"))
-        for ours, theirs in pairs:
-            a, b = values.get(ours), _number(summary.get(theirs))
-            if a is not None and b is not None and math.isfinite(a) and max(a, b) > 0:
-                gap = abs(a - b) / max(a, b)
-                if gap > CROSS_CHECK_TOLERANCE:
-                    notes.append(f"{ours}: Prometheus {a:.4g} vs load generator {b:.4g} ({gap:.0%} apart)")
-    return RunResult(values, "; ".join(notes) or None)
+    if not summary:
+        return RunResult(values, None)
+    _add_client_figures(values, summary, percentile)
+    return RunResult(values, "; ".join(_disagreements(values, summary, percentile)) or None)
+
+
+def _add_client_figures(values: dict[str, float], summary: Mapping[str, Any], percentile: int) -> None:
+    """The load generator's counts, exact means and percentiles into `values` (Prometheus' histogram latencies kept
+    beside them)."""
+    completed, failed = _count(summary.get("completed")), _count(summary.get("failed"))
+    if completed is not None and failed is not None and completed + failed > 0:
+        values[M.ERROR_RATE_PERCENT] = 100.0 * failed / (completed + failed)
+    for key, metric in (("samples", M.SAMPLES), ("in_flight", M.IN_FLIGHT),
+                        ("offered_request_rate", M.OFFERED_REQUEST_RATE), ("request_goodput", M.GOODPUT)):
+        number = _number(summary.get(key))
+        if number is not None:
+            values[metric] = number
+    for ours, stem in ((M.TTFT_MEAN_MS, "ttft"), (M.ITL_MEAN_MS, "itl")):
+        client = _number(summary.get(f"mean_{stem}_ms"))
+        if client is not None:
+            values[ours] = client  # the load generator's exact mean, as for the percentiles
+    for ours, histogram_key, stem in CLIENT_LATENCIES:
+        client = _number(summary.get(f"p{percentile}_{stem}_ms"))
+        if client is None:
+            continue
+        if ours in values:
+            values[histogram_key] = values[ours]
+        values[ours] = client
+
+
+def _disagreements(values: Mapping[str, float], summary: Mapping[str, Any], percentile: int) -> list[str]:
+    """Where Prometheus and the load generator are more than CROSS_CHECK_TOLERANCE apart."""
+    notes = []
+    pairs = ((M.REQUEST_THROUGHPUT, "request_throughput"), (M.OUTPUT_THROUGHPUT, "output_throughput"),
+             (M.ITL_HISTOGRAM_MS, f"p{percentile}_itl_ms"), (M.TTFT_HISTOGRAM_MS, f"p{percentile}_ttft_ms"),
+             (M.E2E_HISTOGRAM_MS, f"p{percentile}_e2el_ms"))
+    for ours, theirs in pairs:
+        a, b = values.get(ours), _number(summary.get(theirs))
+        if a is not None and b is not None and math.isfinite(a) and max(a, b) > 0:
+            gap = abs(a - b) / max(a, b)
+            if gap > CROSS_CHECK_TOLERANCE:
+                notes.append(f"{ours}: Prometheus {a:.4g} vs load generator {b:.4g} ({gap:.0%} apart)")
+    return notes
 
 
 def _number(value: Any) -> float | None:

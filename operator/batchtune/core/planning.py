@@ -1,4 +1,4 @@
-"""Planning: the candidate settings of a search space, less what the engine or GPU memory rules out."""
+"""The candidates of a search space less what the engine or memory rules out (pure; controller/plan.py calls it)."""
 
 from __future__ import annotations
 
@@ -42,19 +42,6 @@ class SearchSpace:
             raise ValueError("searchSpace.maxNumSeqs is empty")
         if not self.gpu_memory_utilization_percent:
             raise ValueError("searchSpace.gpuMemoryUtilizationPercent is empty")
-
-    @classmethod
-    def from_spec(cls, space: Any) -> SearchSpace:
-        """From the api model's `spec.search_space` (attribute access, snake_case)."""
-        seqs = space.max_num_seqs
-        values = getattr(seqs, "values", None)
-        if values:
-            seq_values = tuple(values)
-        else:
-            seq_values = doublings(int(seqs.min), int(seqs.max))
-        gmu = getattr(space, "gpu_memory_utilization_percent", None) or (90,)
-        mbt = getattr(space, "max_num_batched_tokens", None) or ()
-        return cls(seq_values, tuple(gmu), tuple(mbt))
 
 
 @dataclass(frozen=True)

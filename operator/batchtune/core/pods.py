@@ -52,7 +52,7 @@ def _age_seconds(timestamp: str | None, now: datetime) -> float:
     return (now - started).total_seconds()
 
 
-def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, readiness_timeout_s: float,
+def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, readiness_timeout_s: float,  # noqa: C901
                  engine: Engine, created_at: str | None = None, log: str | None = None) -> TrialFailure | None:
     """Returns why the pod can never become a ready vLLM server, or None while it still may.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchtune.core.vocabulary import M
 
@@ -64,14 +64,6 @@ class MetricNames:
                 changes[role] = value
         return cls({**names, **changes}, dict(engine.aliases), frozenset(changes))
 
-    @classmethod
-    def from_spec(cls, engine: MetricConventions, metric_names: Any) -> MetricNames:
-        """From the api model's `spec.prometheus.metric_names` (None fields keep defaults)."""
-        if metric_names is None:
-            return cls.build(engine)
-        data = metric_names.model_dump() if hasattr(metric_names, "model_dump") else dict(metric_names)
-        return cls.build(engine, {k: v for k, v in data.items() if v is not None})
-
     def __getitem__(self, role: str) -> str:
         return self.names[role]
 
@@ -94,13 +86,6 @@ class LabelNames:
     def __post_init__(self) -> None:
         for name in (self.pod, self.namespace) + ((self.model,) if self.model else ()):
             check_label_name(name)
-
-    @classmethod
-    def from_spec(cls, labels: Any, with_model: bool = True) -> LabelNames:
-        if labels is None:
-            return cls(model="model_name" if with_model else None)
-        model = getattr(labels, "model", "model_name") if with_model else None
-        return cls(labels.pod, labels.namespace, model)
 
 
 def check_metric_name(name: str, what: str = "metric") -> str:

@@ -1,4 +1,4 @@
-"""Continuous tuning: when a new round starts, and whether its best setting replaces production's. Pure.
+"""Continuous tuning's decisions (pure): when a round starts, whether its best wins (controller/retune.py runs them).
 
 After a decision a BatchTuning with `spec.retune` keeps watching production. A new round starts when
 the schedule fires (`intervalSeconds` after the last round ended) or when production's workload
@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
 
 from batchtune.core.vocabulary import Reason
 from batchtune.core.workload import DriftThresholds, beats_by_margin, improvement_percent
@@ -39,15 +38,6 @@ class RetunePolicy:
     thresholds: DriftThresholds | None = None
     check_interval_seconds: int = 300
     min_improvement_percent: int = 5
-
-    @classmethod
-    def from_spec(cls, retune: Any) -> RetunePolicy:
-        """From the api model's `spec.retune` (attribute access, snake_case)."""
-        drift = retune.drift
-        thresholds = None if drift is None else DriftThresholds(drift.length_shift_percent,
-                                                               drift.peak_rate_change_percent)
-        return cls(retune.interval_seconds, thresholds, retune.check_interval_seconds,
-                   retune.min_improvement_percent)
 
     @property
     def watches_drift(self) -> bool:

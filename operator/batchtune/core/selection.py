@@ -85,10 +85,30 @@ def select_best(
     """Pick the setting to recommend; `slo` (when given) re-checks every Met verdict."""
     objective = Objective(objective)
     headroom = slo.headroom_percent if slo is not None else 0
-    verdicts: dict[str, str] = {}
     by_setting: dict[Setting, list[CompletedTrial]] = {}
     for trial in trials:
         by_setting.setdefault(trial.setting, []).append(trial)
+    eligible, verdicts = _eligible(trials, by_setting, objective, slo)
+    knees = _knees(by_setting, knee_threshold_percent)
+    if not eligible:
+        knee = next(iter(knees.values()), None)
+        reason = (
+            f"no trial met the SLO among {len(trials)} trial(s)" if trials else "no trial has finished"
+        )
+        return Selection(None, None, knee, reason, verdicts)
+    ranked = sorted(eligible, key=lambda s: (-eligible[s], s.max_num_seqs, s.sort_key()))
+    top = ranked[0]
+    knee = knees.get(top.column)
+    chosen, reason = _below_the_knee(ranked, eligible, objective, knee, headroom)
+    verdicts.update(_verdicts(by_setting, eligible, objective, chosen, top, reason))
+    return Selection(chosen, by_setting[chosen][0].name, knee, reason, verdicts)
+
+
+def _eligible(trials: Sequence[CompletedTrial], by_setting: Mapping[Setting, list[CompletedTrial]],
+              objective: Objective, slo: SloTargets | None) -> tuple[dict[Setting, float], dict[str, str]]:
+    """The settings every repeat of which met the SLO, with their mean objective; why the others are rejected."""
+    verdicts: dict[str, str] = {}
+    for trial in trials:
         rejection = _rejection(trial, objective, slo)
         if rejection:
             verdicts[trial.name] = rejection
@@ -100,35 +120,35 @@ def select_best(
                 verdicts.setdefault(t.name, f"rejected: another repeat of {setting.label()} ({failed[0]}) was rejected")
             continue
         eligible[setting] = sum(_value(t.outcome, objective) for t in group) / len(group)
+    return eligible, verdicts
 
-    knees = _knees(by_setting, knee_threshold_percent)
-    if not eligible:
-        knee = next(iter(knees.values()), None)
-        reason = (
-            f"no trial met the SLO among {len(trials)} trial(s)" if trials else "no trial has finished"
-        )
-        return Selection(None, None, knee, reason, verdicts)
 
-    ranked = sorted(eligible, key=lambda s: (-eligible[s], s.max_num_seqs, s.sort_key()))
+def _below_the_knee(ranked: Sequence[Setting], eligible: Mapping[Setting, float], objective: Objective,
+                    knee: Knee | None, headroom: int) -> tuple[Setting, str]:
+    """The best setting, or the best at or below its column's knee when that costs no more than the headroom."""
     top = ranked[0]
-    chosen, knee = top, knees.get(top.column)
     reason = f"{top.label()}: highest {_fmt(objective, eligible[top])} of {len(eligible)} setting(s) meeting the SLO"
-    if knee is not None and top.max_num_seqs > knee.max_num_seqs:
-        below = [s for s in ranked if s.column == top.column and s.max_num_seqs <= knee.max_num_seqs]
-        floor = eligible[top] * (100 - headroom) / 100
-        if below and eligible[below[0]] >= floor:
-            chosen = below[0]
-            reason = (
-                f"{chosen.label()}: at or below the knee (max-num-seqs {knee.max_num_seqs}: {knee.reason}); "
-                f"{_fmt(objective, eligible[chosen])} is within {headroom}% of the best "
-                f"({top.label()}, {eligible[top]:.4g}), so the margin is kept"
-            )
-        else:
-            reason += f"; past the knee at max-num-seqs {knee.max_num_seqs}, but staying below it would cost more than the {headroom}% headroom"
-    elif knee is not None:
-        reason += f"; knee at max-num-seqs {knee.max_num_seqs}"
+    if knee is None:
+        return top, reason
+    if top.max_num_seqs <= knee.max_num_seqs:
+        return top, reason + f"; knee at max-num-seqs {knee.max_num_seqs}"
+    below = [s for s in ranked if s.column == top.column and s.max_num_seqs <= knee.max_num_seqs]
+    floor = eligible[top] * (100 - headroom) / 100
+    if below and eligible[below[0]] >= floor:
+        chosen = below[0]
+        return chosen, (
+            f"{chosen.label()}: at or below the knee (max-num-seqs {knee.max_num_seqs}: {knee.reason}); "
+            f"{_fmt(objective, eligible[chosen])} is within {headroom}% of the best "
+            f"({top.label()}, {eligible[top]:.4g}), so the margin is kept"
+        )
+    return top, reason + (f"; past the knee at max-num-seqs {knee.max_num_seqs}, but staying below it would cost "
+                          f"more than the {headroom}% headroom")
 
-    best_trial = by_setting[chosen][0].name
+
+def _verdicts(by_setting: Mapping[Setting, list[CompletedTrial]], eligible: Mapping[Setting, float],
+              objective: Objective, chosen: Setting, top: Setting, reason: str) -> dict[str, str]:
+    """Why each eligible trial was or was not chosen."""
+    verdicts: dict[str, str] = {}
     for setting, value in eligible.items():
         for t in by_setting[setting]:
             if setting == chosen:
@@ -143,7 +163,7 @@ def select_best(
                     verdicts[t.name] = f"{met}, the same as {chosen.label()}, which ranks first as the smaller setting"
                 else:
                     verdicts[t.name] = f"{met}; {chosen.label()} was preferred for keeping headroom below the knee"
-    return Selection(chosen, best_trial, knee, reason, verdicts)
+    return verdicts
 
 
 def _knees(by_setting: Mapping[Setting, list[CompletedTrial]], threshold: float) -> dict[tuple[int, int | None], Knee]:

@@ -12,12 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from batchtune.core.vocabulary import M, Verdict
-
-if TYPE_CHECKING:
-    from batchtune.api.models import SloSpec
 
 METRIC_TTFT_MS = M.TTFT_MS
 METRIC_ITL_MS = M.ITL_MS
@@ -62,13 +59,6 @@ class SloTargets:
     def limit(self, target_ms: float) -> float:
         """The value a measurement must not exceed: the target less the headroom."""
         return target_ms * (100 - self.headroom_percent) / 100
-
-    @classmethod
-    def from_spec(cls, slo: SloSpec) -> SloTargets:
-        """From the api model's `spec.slo`."""
-        return cls(percentile=PERCENTILES[slo.percentile.value], ttft_ms=slo.ttft_milliseconds,
-                   itl_ms=slo.inter_token_latency_milliseconds, e2e_ms=slo.e2e_latency_milliseconds,
-                   max_error_rate_percent=slo.max_error_rate_percent, headroom_percent=slo.headroom_percent)
 
 
 @dataclass(frozen=True)

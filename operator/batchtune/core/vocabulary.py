@@ -66,6 +66,16 @@ class TrialState(StrEnum):
 FINISHED_TRIAL_STATES = frozenset({TrialState.DONE, TrialState.INFEASIBLE, TrialState.FAILED})
 
 
+class StepPurpose(StrEnum):
+    """Why a trial runs a load step (unset in status: a full-window step of the search)."""
+
+    CURVE = "Curve"
+    """Measured at the common curve load for the report; outside the trial's search and verdict."""
+    BRACKET = "Bracket"
+    """A short step of the capacity search (spec.trial.bracketSeconds): it brackets the capacity, and a load
+    it passes counts only once a full-window step there passes too."""
+
+
 class Verdict(StrEnum):
     """Whether the SLO held. Missing data, NaN or too few samples is Unknown, never Met."""
 

@@ -24,7 +24,7 @@ from batchtune.engines.vllm import VLLM
 ENGINES: tuple[Engine, ...] = (VLLM,)
 
 
-def find_engine_container(pod_spec: Mapping[str, Any], name: str | None = None,
+def find_engine_container(pod_spec: Mapping[str, Any], name: str | None = None,  # noqa: C901
                           engines: Sequence[Engine] = ENGINES) -> tuple[Engine, dict[str, Any]]:
     """The container running an engine: the named one, else the only one whose command line is an engine's."""
     containers = list(pod_spec.get("containers") or [])

@@ -95,7 +95,7 @@ class CommandLine:
         return tuple(w.text for w in self.words[self.flags_start:])
 
 
-def shell_words(script: str, container: str) -> list[Word]:
+def shell_words(script: str, container: str) -> list[Word]:  # noqa: C901
     """Words of one simple shell command with their spans; refuses anything more."""
     words: list[Word] = []
     i, n = 0, len(script)
@@ -288,7 +288,7 @@ def _values(arity: Arity, rest: list[str]) -> list[str]:
     return rest[:1] if rest and not is_flag(rest[0]) else []
 
 
-def rewrite(parsed: CommandLine, container: Mapping[str, Any], flags: Mapping[str, str | None]) -> dict[str, Any]:
+def rewrite(parsed: CommandLine, container: Mapping[str, Any], flags: Mapping[str, str | None]) -> dict[str, Any]:  # noqa: C901
     """A copy of the container with `flags` (canonical -> value; None: a boolean switch) set.
 
     Flags already present get their value replaced in place (all occurrences, keeping spelling and

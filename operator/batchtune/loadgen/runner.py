@@ -38,8 +38,8 @@ from batchtune.loadgen.prompts import FILLER_WORDS, Prompts
 from batchtune.loadgen.stats import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
+    ClientWindow,
     RequestRecord,
-    Window,
     compute_result,
 )
 from batchtune.loadgen.workload import LengthSampler, TraceRequest, arrival_gap
@@ -52,8 +52,9 @@ class TargetRefused(ValueError):
 
 
 @dataclass(frozen=True)
-class LoadSpec:
-    """What load to send, where, and for how long."""
+class LoadRun:
+    """One run of the load generator: what load to send, where, and for how long (spec.load, the api model, is
+    what a trial's runs drive; this is one run's every setting)."""
 
     base_url: str = "http://127.0.0.1:8000"
     """Scheme, host and port of the server; the endpoint path is appended."""
@@ -172,7 +173,7 @@ class _Tally:
             self.per_second[int(at - self.window_start)] += count
 
 
-def _payload(spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def _payload(spec: LoadRun, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -199,7 +200,7 @@ def _chunk_text(data: dict[str, Any], chat: bool) -> str | None:
     return cast("str | None", choice.get("text"))
 
 
-async def _send(
+async def _send(  # noqa: C901
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], record: RequestRecord, tally: _Tally, chat: bool
 ) -> None:
     """Stream one request, filling `record`; never raises except on cancellation."""
@@ -310,14 +311,11 @@ async def engine_word_tokens(session: aiohttp.ClientSession, base_url: str, mode
     return Prompts({word: c - base for word, c in zip(FILLER_WORDS, counts, strict=True) if c is not None}, base)
 
 
-async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+async def run_load(spec: LoadRun, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the load and return the `vllm bench serve`-style result dict (setup and result keys)."""
     check_target(spec.base_url, spec.allow_non_loopback)
     say = log or (lambda _msg: None)
     base = spec.base_url.rstrip("/")
-    url = base + spec.endpoint
-    chat = spec.endpoint == CHAT_ENDPOINT
-    rng = random.Random(spec.seed)
     # A connection per request: reusing a kept-alive one races uvicorn's keep-alive close (vLLM's server), and
     # the request fails with "Server disconnected" / "Can not write request body" (aiohttp#6138, uvicorn#824).
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
@@ -325,171 +323,206 @@ async def run_load(spec: LoadSpec, *, log: Callable[[str], None] | None = None) 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = spec.model or await first_model(session, base, spec.ready_timeout_s)
         prompts = await engine_word_tokens(session, base, model)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        wall_offset = time.time() - started
-        warmup_end = started + spec.warmup_s / spec.time_scale
-        hard_stop = started + spec.duration_s / spec.time_scale
-        tally = _Tally(window_start=warmup_end)
-        records: list[RequestRecord] = []
-        tasks: set[asyncio.Task[None]] = set()
-        issued = 0
+        run = _Run(spec, session, base + spec.endpoint, model, prompts, say)
+        await run.drive()
+    return run.result()
+
+
+class _Run:
+    """One run of the load generator once its model and prompts are known: the requests, the warm-up's end, the
+    window."""
+
+    def __init__(self, spec: LoadRun, session: aiohttp.ClientSession, url: str, model: str, prompts: Prompts,
+                 say: Callable[[str], None]) -> None:
+        self.spec, self.session, self.url, self.model, self.prompts, self.say = spec, session, url, model, prompts, say
+        self.chat = spec.endpoint == CHAT_ENDPOINT
+        self.rng = random.Random(spec.seed)
+        self.loop = asyncio.get_running_loop()
+        self.started = self.loop.time()
+        self.wall_offset = time.time() - self.started
+        self.warmup_end = self.started + spec.warmup_s / spec.time_scale
+        self.hard_stop = self.started + spec.duration_s / spec.time_scale
+        self.tally = _Tally(window_start=self.warmup_end)
+        self.records: list[RequestRecord] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.issued = 0
+        self.ended_by = WarmupEnd.TIME
+        self.stopped_early = False
+        self.end = self.started
         say(
             f"Started load on {url} model={model} input_len={spec.input_len} output_len={spec.output_len} "
             f"concurrency={spec.concurrency} request_rate={spec.request_rate} num_prompts={spec.num_prompts} "
             f"duration={spec.duration_s}s warmup={spec.warmup_s}s time_scale={spec.time_scale} "
             f"prompts={'sized by the engine tokenizer' if prompts.exact else 'sized by the twin rule'}"
         )
+        self.sampler = LengthSampler(spec.input_len, spec.output_len, spec.range_ratio, spec.prompt_lengths,
+                                     spec.output_lengths, spec.max_model_len)
 
-        sampler = LengthSampler(spec.input_len, spec.output_len, spec.range_ratio, spec.prompt_lengths,
-                                spec.output_lengths, spec.max_model_len)
+    # ---- the requests ------------------------------------------------------------------------------
 
-        def next_request() -> tuple[RequestRecord, dict[str, Any]]:
-            nonlocal issued
+    def next_request(self) -> tuple[RequestRecord, dict[str, Any]]:
+        spec = self.spec
+        if spec.trace:
+            traced = spec.trace[self.issued]
+            prompt_tokens, max_tokens = traced.prompt_tokens, traced.output_tokens
+        else:
+            prompt_tokens, max_tokens = self.sampler.draw(self.rng)
+        self.issued += 1
+        record = RequestRecord(sent_at=0.0, prompt_tokens=prompt_tokens)
+        self.records.append(record)
+        return record, _payload(spec, self.model, self.prompts.make(prompt_tokens, self.rng), max_tokens)
+
+    async def one(self, record: RequestRecord, body: dict[str, Any]) -> None:
+        record.sent_at = self.loop.time()
+        await _send(self.session, self.url, body, record, self.tally, self.chat)
+
+    async def closed_loop_stream(self) -> None:
+        while self.issued < self.spec.num_prompts and self.loop.time() < self.hard_stop:
+            await self.one(*self.next_request())
+
+    async def open_loop(self) -> None:
+        spec = self.spec
+        semaphore = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
+        next_at = self.started
+        wall_rate = spec.request_rate * spec.time_scale
+        timed = math.isfinite(wall_rate)
+
+        async def gated(record: RequestRecord, body: dict[str, Any]) -> None:
+            if semaphore is None:
+                await self.one(record, body)
+                return
+            async with semaphore:
+                if self.loop.time() < self.hard_stop:
+                    await self.one(record, body)
+
+        limit = min(spec.num_prompts, len(spec.trace)) if spec.trace else spec.num_prompts
+        while self.issued < limit:
             if spec.trace:
-                traced = spec.trace[issued]
-                prompt_tokens, max_tokens = traced.prompt_tokens, traced.output_tokens
-            else:
-                prompt_tokens, max_tokens = sampler.draw(rng)
-            issued += 1
-            record = RequestRecord(sent_at=0.0, prompt_tokens=prompt_tokens)
-            records.append(record)
-            return record, _payload(spec, model, prompts.make(prompt_tokens, rng), max_tokens)
+                # Replayed as is: the trace's own offsets (scaled by speed and the twin's time scale).
+                next_at = self.started + spec.trace[self.issued].offset_seconds * 100.0 / spec.trace_speed_percent \
+                    / spec.time_scale
+            elif timed:
+                next_at += arrival_gap(self.rng, wall_rate, spec.burstiness)
+            if spec.trace or timed:
+                if next_at >= self.hard_stop:
+                    break
+                await asyncio.sleep(max(0.0, next_at - self.loop.time()))
+            task = asyncio.create_task(gated(*self.next_request()))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        if self.tasks:
+            await asyncio.wait(set(self.tasks))
 
-        async def one(record: RequestRecord, body: dict[str, Any]) -> None:
-            record.sent_at = loop.time()
-            await _send(session, url, body, record, tally, chat)
+    # ---- the run -----------------------------------------------------------------------------------
 
-        async def closed_loop_stream() -> None:
-            while issued < spec.num_prompts and loop.time() < hard_stop:
-                await one(*next_request())
-
-        async def open_loop() -> None:
-            semaphore = asyncio.Semaphore(spec.concurrency) if spec.concurrency else None
-            next_at = started
-            wall_rate = spec.request_rate * spec.time_scale
-            timed = math.isfinite(wall_rate)
-
-            async def gated(record: RequestRecord, body: dict[str, Any]) -> None:
-                if semaphore is None:
-                    await one(record, body)
-                    return
-                async with semaphore:
-                    if loop.time() < hard_stop:
-                        await one(record, body)
-
-            limit = min(spec.num_prompts, len(spec.trace)) if spec.trace else spec.num_prompts
-            while issued < limit:
-                if spec.trace:
-                    # Replayed as is: the trace's own offsets (scaled by speed and the twin's time scale).
-                    next_at = started + spec.trace[issued].offset_seconds * 100.0 / spec.trace_speed_percent \
-                        / spec.time_scale
-                elif timed:
-                    next_at += arrival_gap(rng, wall_rate, spec.burstiness)
-                if spec.trace or timed:
-                    if next_at >= hard_stop:
-                        break
-                    await asyncio.sleep(max(0.0, next_at - loop.time()))
-                task = asyncio.create_task(gated(*next_request()))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks))
-
+    async def drive(self) -> None:
+        """Send the load until it ends or the hard stop, ending the warm-up early once the load has settled."""
+        spec = self.spec
         driver: asyncio.Future[Any]  # awaited for its end only
         if spec.concurrency and not math.isfinite(spec.request_rate) and not spec.trace:
-            driver = asyncio.gather(*(closed_loop_stream() for _ in range(spec.concurrency)))
+            driver = asyncio.gather(*(self.closed_loop_stream() for _ in range(spec.concurrency)))
         else:
-            driver = asyncio.ensure_future(open_loop())
-        stopped_early = False
-        # The steady-state test: sample the counters every check until the load settles or the warm-up's time
-        # is up; settled, the window starts now and the hard stop moves with it (the window keeps its length).
-        checking = spec.steady_warmup and not spec.trace and spec.warmup_s > 0
-        streams = spec.concurrency if not math.isfinite(spec.request_rate) else None
-        samples = [LoadSample(at_s=0.0, issued=0, finished=0, in_flight=0, output_tokens=0)]  # the load's start
-        next_check = started + STEADY_CHECK_S / spec.time_scale
-        ended_by = WarmupEnd.TIME
+            driver = asyncio.ensure_future(self.open_loop())
         try:
-            while True:
-                until = min(hard_stop, next_check) if checking else hard_stop
-                await asyncio.wait({driver}, timeout=max(0.0, until - loop.time()))
-                now = loop.time()
-                if driver.done():
-                    break
-                if now >= hard_stop:
-                    stopped_early = True
-                    break
-                if not checking or now < next_check:
-                    continue
-                next_check += STEADY_CHECK_S / spec.time_scale
-                if now >= warmup_end:
-                    checking = False
-                    continue
-                samples.append(LoadSample(at_s=(now - started) * spec.time_scale, issued=issued,
-                                          finished=tally.finished, in_flight=tally.in_flight,
-                                          output_tokens=tally.tokens))
-                if settled(samples, streams):
-                    hard_stop -= warmup_end - now
-                    warmup_end = tally.window_start = now
-                    ended_by, checking = WarmupEnd.STEADY, False
-                    say(f"Ended the warm-up at {(now - started) * spec.time_scale:.1f}s: the load has settled")
+            await self.watch(driver)
         finally:
             driver.cancel()
-            for task in list(tasks):
+            for task in list(self.tasks):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await driver
-        end = hard_stop if stopped_early else max((r.finished_at for r in records), default=loop.time())
-    if end < warmup_end:
-        say(f"Warning: the run ended {warmup_end - end:.2f}s (wall) before the warm-up did; no measurements")
-    # Requests cancelled by the hard stop are neither completed nor failed: they were in flight at its end.
-    per_second = [count for second, count in tally.per_second.items() if warmup_end + second + 1 <= end]
-    window = Window(
-        start=warmup_end,
-        end=max(end, warmup_end),
-        output_tokens=tally.window_tokens,
-        max_output_tokens_per_s=float(max(per_second, default=0)),
-        max_concurrent_requests=tally.max_in_flight,
-    )
-    result = compute_result(
-        records,
-        window,
-        percentile_metrics=spec.percentile_metrics,
-        percentiles=spec.percentiles,
-        time_scale=spec.time_scale,
-        wall_offset=wall_offset,
-        goodput_ms=spec.goodput_ms,
-    )
-    setup = {
-        "date": time.strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": "openai-chat" if chat else "openai",
-        "backend": "openai-chat" if chat else "openai",
-        "label": None,
-        "model_id": model,
-        "tokenizer_id": model,
-        "num_prompts": spec.num_prompts,
-        "request_rate": spec.request_rate if math.isfinite(spec.request_rate) else "inf",
-        "burstiness": spec.burstiness,
-        "length_source": "trace" if spec.trace else "histogram" if spec.prompt_lengths or spec.output_lengths
-        else "fixed",
-        "trace_requests": len(spec.trace) or None,
-        "trace_speed_percent": spec.trace_speed_percent if spec.trace else None,
-        "max_concurrency": spec.concurrency,
-        "input_len": spec.input_len,
-        "output_len": spec.output_len,
-        "warmup_seconds": spec.warmup_s,
-        "warmup_steady": spec.steady_warmup,
-        "warmup_ended": ended_by.value,
-        "warmup_elapsed_s": round((warmup_end - started) * spec.time_scale, 3),
-        "duration_limit": spec.duration_s,
-        "stopped_by_duration": stopped_early,
-        "requests_sent": issued,
-        "time_scale": spec.time_scale,
-    }
-    return {**setup, **result}
+        self.end = self.hard_stop if self.stopped_early else max((r.finished_at for r in self.records),
+                                                                 default=self.loop.time())
+
+    async def watch(self, driver: asyncio.Future[Any]) -> None:
+        """Wait for the load to end. The steady-state test samples the counters every check until the load settles
+        or the warm-up's time is up; settled, the window starts now and the hard stop moves with it (the window
+        keeps its length)."""
+        spec = self.spec
+        checking = spec.steady_warmup and not spec.trace and spec.warmup_s > 0
+        streams = spec.concurrency if not math.isfinite(spec.request_rate) else None
+        samples = [LoadSample(at_s=0.0, issued=0, finished=0, in_flight=0, output_tokens=0)]  # the load's start
+        next_check = self.started + STEADY_CHECK_S / spec.time_scale
+        while True:
+            until = min(self.hard_stop, next_check) if checking else self.hard_stop
+            await asyncio.wait({driver}, timeout=max(0.0, until - self.loop.time()))
+            now = self.loop.time()
+            if driver.done():
+                return
+            if now >= self.hard_stop:
+                self.stopped_early = True
+                return
+            if not checking or now < next_check:
+                continue
+            next_check += STEADY_CHECK_S / spec.time_scale
+            if now >= self.warmup_end:
+                checking = False
+                continue
+            samples.append(LoadSample(at_s=(now - self.started) * spec.time_scale, issued=self.issued,
+                                      finished=self.tally.finished, in_flight=self.tally.in_flight,
+                                      output_tokens=self.tally.tokens))
+            if settled(samples, streams):
+                self.hard_stop -= self.warmup_end - now
+                self.warmup_end = self.tally.window_start = now
+                self.ended_by, checking = WarmupEnd.STEADY, False
+                self.say(f"Ended the warm-up at {(now - self.started) * spec.time_scale:.1f}s: the load has settled")
+
+    def result(self) -> dict[str, Any]:
+        """The `vllm bench serve`-style result: the run's setup, then the window's figures."""
+        spec, end, warmup_end = self.spec, self.end, self.warmup_end
+        if end < warmup_end:
+            self.say(f"Warning: the run ended {warmup_end - end:.2f}s (wall) before the warm-up did; no measurements")
+        # Requests cancelled by the hard stop are neither completed nor failed: they were in flight at its end.
+        per_second = [count for second, count in self.tally.per_second.items() if warmup_end + second + 1 <= end]
+        window = ClientWindow(
+            start=warmup_end,
+            end=max(end, warmup_end),
+            output_tokens=self.tally.window_tokens,
+            max_output_tokens_per_s=float(max(per_second, default=0)),
+            max_concurrent_requests=self.tally.max_in_flight,
+        )
+        result = compute_result(
+            self.records,
+            window,
+            percentile_metrics=spec.percentile_metrics,
+            percentiles=spec.percentiles,
+            time_scale=spec.time_scale,
+            wall_offset=self.wall_offset,
+            goodput_ms=spec.goodput_ms,
+        )
+        return {**self.setup(), **result}
+
+    def setup(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "date": time.strftime("%Y%m%d-%H%M%S"),
+            "endpoint_type": "openai-chat" if self.chat else "openai",
+            "backend": "openai-chat" if self.chat else "openai",
+            "label": None,
+            "model_id": self.model,
+            "tokenizer_id": self.model,
+            "num_prompts": spec.num_prompts,
+            "request_rate": spec.request_rate if math.isfinite(spec.request_rate) else "inf",
+            "burstiness": spec.burstiness,
+            "length_source": "trace" if spec.trace else "histogram" if spec.prompt_lengths or spec.output_lengths
+            else "fixed",
+            "trace_requests": len(spec.trace) or None,
+            "trace_speed_percent": spec.trace_speed_percent if spec.trace else None,
+            "max_concurrency": spec.concurrency,
+            "input_len": spec.input_len,
+            "output_len": spec.output_len,
+            "warmup_seconds": spec.warmup_s,
+            "warmup_steady": spec.steady_warmup,
+            "warmup_ended": self.ended_by.value,
+            "warmup_elapsed_s": round((self.warmup_end - self.started) * spec.time_scale, 3),
+            "duration_limit": spec.duration_s,
+            "stopped_by_duration": self.stopped_early,
+            "requests_sent": self.issued,
+            "time_scale": spec.time_scale,
+        }
 
 
-def run_load_sync(spec: LoadSpec, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_load_sync(spec: LoadRun, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`run_load` in a fresh event loop."""
     return asyncio.run(run_load(spec, log=log))
 

@@ -57,8 +57,9 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
-class Window:
-    """The measurement window in wall-clock seconds and the tokens received inside it."""
+class ClientWindow:
+    """The load generator's measurement window in wall-clock seconds and the tokens received inside it (the
+    operator's `core.measurement.Window` is the same span as Prometheus is asked for it, in datetimes)."""
 
     start: float
     end: float
@@ -128,7 +129,7 @@ def metric_stats(name: str, values_s: Any, percentiles: tuple[float, ...], scale
 
 def compute_result(
     records: list[RequestRecord],
-    window: Window,
+    window: ClientWindow,
     *,
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS,
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,

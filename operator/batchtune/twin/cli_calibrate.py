@@ -101,7 +101,7 @@ def calibration_params(path: str, model: str, gpu: str) -> tuple[TwinParams, dic
 
 
 def _run(args: argparse.Namespace) -> int:
-    from batchtune.cli.terminal import safe
+    from batchtune.terminal import safe
     from batchtune.twin.catalog import load_custom_catalog
     from batchtune.twin.fit import calibrate
     from batchtune.twin.observations import ObservationError, load_observations
@@ -211,7 +211,7 @@ def _print_table(document: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from batchtune.cli.terminal import text
+    from batchtune.terminal import text
 
     console = Console()
     console.print(text(f"{document['model']} on {document['gpu']}: {document['fit']} fit from "

@@ -43,7 +43,7 @@ def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    from batchtune.cli.terminal import safe
+    from batchtune.terminal import safe
     from batchtune.twin.catalog import UnknownGpu, UnknownModel, load_custom_catalog
     from batchtune.twin.cli_calibrate import calibration_params, resolve
     from batchtune.twin.config import ServeConfig

@@ -207,7 +207,7 @@ def startup_phases(cfg: Any) -> list[tuple[str, float]]:
 
 
 async def _serve(cfg: Any, flags: TwinFlags, served: str, host: str, port: int, model_path: str) -> int:
-    from batchtune.twin.engine import Engine
+    from batchtune.twin.engine import SimEngine
     from batchtune.twin.memory import StartupFailure
     from batchtune.twin.server import ServerOptions, TwinServer
 
@@ -222,7 +222,7 @@ async def _serve(cfg: Any, flags: TwinFlags, served: str, host: str, port: int, 
          f"{cfg.tensor_parallel_size}, max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens="
          f"{cfg.max_num_batched_tokens}, gpu={cfg.gpu.name}, time_scale={flags.time_scale}")  # fmt: skip
     try:
-        engine = Engine(cfg, seed=flags.seed)
+        engine = SimEngine(cfg, seed=flags.seed)
         failure: StartupFailure | None = None
     except StartupFailure as exc:
         engine, failure = None, exc

@@ -105,9 +105,9 @@ def bench_parser() -> argparse.ArgumentParser:
 
 
 def bench_spec(argv: list[str], log: Any = None) -> tuple[Any, str | None]:
-    """(LoadSpec, result file path or None) from `vllm bench serve` flags; unknown flags are logged."""
-    from batchtune.cli.loadgen import env_time_scale, parse_floats
-    from batchtune.loadgen import LoadSpec
+    """(LoadRun, result file path or None) from `vllm bench serve` flags; unknown flags are logged."""
+    from batchtune.loadgen import LoadRun
+    from batchtune.loadgen.command import env_time_scale, parse_floats
 
     args, unknown = bench_parser().parse_known_args(_dashes(argv))
     say = log or (lambda m: print(m, file=sys.stderr))
@@ -125,7 +125,7 @@ def bench_spec(argv: list[str], log: Any = None) -> tuple[Any, str | None]:
         extra["percentile_metrics"] = metrics
     if percentiles:
         extra["percentiles"] = percentiles
-    spec = LoadSpec(
+    spec = LoadRun(
         base_url=base_url,
         endpoint=endpoint,
         model=args.served_model_name or args.model,
@@ -153,7 +153,7 @@ def bench_spec(argv: list[str], log: Any = None) -> tuple[Any, str | None]:
 
 
 def bench_main(argv: list[str]) -> int:
-    from batchtune.cli.loadgen import execute
+    from batchtune.loadgen.command import execute
 
     try:
         spec, result_file = bench_spec(argv)

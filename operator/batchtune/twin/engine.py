@@ -36,7 +36,7 @@ from batchtune.twin.perf import StepCost, StepCostModel, nominal_params
 if TYPE_CHECKING:
     from batchtune.twin.params import TwinParams
 
-__all__ = ["Engine", "StepOutcome", "TokenEvent", "RequestTooLong", "StartupFailure", "RuntimeOutOfMemory"]
+__all__ = ["SimEngine", "StepOutcome", "TokenEvent", "RequestTooLong", "StartupFailure", "RuntimeOutOfMemory"]
 
 
 class RequestTooLong(ValueError):
@@ -106,8 +106,9 @@ class _Step(NamedTuple):
     """True for a wait while requests are still in the API server (nothing ran on the GPU)."""
 
 
-class Engine:
-    """vLLM V1 engine core + GPU on a virtual or real clock. Raises StartupFailure if `cfg` cannot boot.
+class SimEngine:
+    """vLLM V1 engine core + GPU, simulated, on a virtual or real clock (`batchtune.engines.Engine` is something else:
+    the adapter that reads and writes a real engine's command line). Raises StartupFailure if `cfg` cannot boot.
 
     `params`: a deployment's own figures (`batchtune.twin.params`); None is the catalog's twin."""
 
@@ -209,7 +210,7 @@ class Engine:
             prompt_tokens=result.prompt_tokens, decode_tokens=result.decode_tokens, sm_active=sm,
             sm_occupancy=occ, tensor_active=tensor, dram_active=dram, power_w=power)
 
-    def _run(self, now: float) -> _Step | None:
+    def _run(self, now: float) -> _Step | None:  # noqa: C901
         running = self.running
         waiting = self.waiting
         if not running and not waiting:

@@ -1,4 +1,4 @@
-"""The twin as a guide for the search: calibrate on the finished trials, predict every candidate, advise.
+"""The twin's advice, computed: calibrate on the finished trials, predict every candidate (core/guidance.py's types).
 
 `advise(deployment, candidates, history)` is what `TwinGuided` (core) reads, computed off the
 reconcile path:

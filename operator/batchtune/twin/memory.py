@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from batchtune.twin.catalog import GIB, MIB
 from batchtune.twin.config import ServeConfig
-
-if TYPE_CHECKING:
-    from batchtune.twin.params import TwinParams
+from batchtune.twin.params import NOMINAL, TwinParams
 
 CUDA_CONTEXT_GIB = 0.5
 """CUDA context + cuBLAS workspace, allocated before vLLM measures free memory (outside the budget)."""
@@ -27,10 +24,6 @@ NCCL_GIB = 0.3
 """Extra non-torch memory with tensor parallelism (NCCL buffers)."""
 CUDAGRAPH_MIB_PER_SIZE_LAYER = 0.25
 """CUDA-graph pool growth per captured batch size per layer (piecewise graphs)."""
-RUNTIME_FRAGMENT_FRACTION = 0.5
-"""Runtime allocations the profile run does not see, as a fraction of the profiled activation peak
-(caching-allocator fragmentation, sampler sorts); used by the runtime-OOM rule."""
-RUNTIME_FIXED_GIB = 0.15
 
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 
@@ -198,9 +191,7 @@ def plan_memory(cfg: ServeConfig, params: TwinParams | None = None) -> MemoryPla
 
     `params` (a deployment's fitted or hidden figures) shifts the memory outside the KV pool, scales
     the activation peak and the runtime-OOM rule, or replaces the pool by a measured one."""
-    from batchtune.twin.perf import nominal_params
-
-    params = params or nominal_params()
+    params = params or NOMINAL
     check_config(cfg)
     if params.generic is not None:
         return _plan_generic(cfg, params)

@@ -80,7 +80,7 @@ def _constant(name: str) -> float:
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 
 
-def observation(result: Mapping[str, Any], cfg: ServeConfig, source: str) -> Observation:
+def observation(result: Mapping[str, Any], cfg: ServeConfig, source: str) -> Observation:  # noqa: C901
     """One result object as an Observation."""
     completed = _number(result, "completed", source, required=True)
     if completed is None or completed < 1:

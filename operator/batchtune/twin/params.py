@@ -18,15 +18,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchtune.twin.memory import RUNTIME_FIXED_GIB, RUNTIME_FRAGMENT_FRACTION
-from batchtune.twin.perf import (
-    FIRST_CHUNK_PATH_S,
-    FRONTEND_PER_PROMPT_TOKEN_S,
-    FRONTEND_PER_REQUEST_S,
-    LAYER_FLOOR_S,
-    SEQ_OVERHEAD_S,
-    STEP_OVERHEAD_S,
-)
+# The nominal figures the perf and memory models start from (they import them from here: this module imports
+# neither, so the three form no cycle).
+STEP_OVERHEAD_S = 0.0006
+"""CPU time per engine step: scheduling, input preparation, sampling launch (with CUDA graphs)."""
+SEQ_OVERHEAD_S = 12e-6
+"""CPU time per scheduled sequence per step (block tables, sampler, detokenize, output queue)."""
+LAYER_FLOOR_S = 60e-6
+"""Kernel-latency floor per layer with CUDA graphs (~12 small kernels of ~5 us)."""
+FRONTEND_PER_REQUEST_S = 0.002
+"""API-server CPU time per request before the engine sees it (HTTP parsing, validation, setup)."""
+FRONTEND_PER_PROMPT_TOKEN_S = 16e-6
+"""API-server CPU time per prompt token (tokenization and input processing); the server is one
+FIFO CPU, so bursts of long prompts queue here (what bounds R11's rate=inf run)."""
+FIRST_CHUNK_PATH_S = 0.015
+"""Client-observed latency of the response path (engine -> API server -> HTTP chunk -> client),
+added to TTFT and E2EL by predict; the real-time server has its own real path instead."""
+RUNTIME_FRAGMENT_FRACTION = 0.5
+"""Runtime allocations the profile run does not see, as a fraction of the profiled activation peak
+(caching-allocator fragmentation, sampler sorts); used by the runtime-OOM rule."""
+RUNTIME_FIXED_GIB = 0.15
 
 
 @dataclass(frozen=True, slots=True)

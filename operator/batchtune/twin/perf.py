@@ -11,33 +11,23 @@ part per scheduled sequence. Constants are calibrated in tests/unit/test_twin_ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from batchtune.twin.config import ServeConfig
-
-if TYPE_CHECKING:
-    from batchtune.twin.params import TwinParams
+from batchtune.twin.params import (
+    LAYER_FLOOR_S,
+    NOMINAL,
+    SEQ_OVERHEAD_S,
+    STEP_OVERHEAD_S,
+    TwinParams,
+)
 
 P_NORM = 2.0
 """Exponent combining memory time, compute time and the kernel floor."""
-STEP_OVERHEAD_S = 0.0006
-"""CPU time per engine step: scheduling, input preparation, sampling launch (with CUDA graphs)."""
-SEQ_OVERHEAD_S = 12e-6
-"""CPU time per scheduled sequence per step (block tables, sampler, detokenize, output queue)."""
-LAYER_FLOOR_S = 60e-6
-"""Kernel-latency floor per layer with CUDA graphs (~12 small kernels of ~5 us)."""
 LAYER_FLOOR_EAGER_S = 140e-6
 """Per-layer floor without CUDA graphs (kernel launches dominate tiny steps)."""
 ALLREDUCE_LATENCY_S = 12e-6
 """Fixed latency of one tensor-parallel all-reduce; two per layer."""
-FRONTEND_PER_REQUEST_S = 0.002
-"""API-server CPU time per request before the engine sees it (HTTP parsing, validation, setup)."""
-FRONTEND_PER_PROMPT_TOKEN_S = 16e-6
-"""API-server CPU time per prompt token (tokenization and input processing); the server is one
-FIFO CPU, so bursts of long prompts queue here (what bounds R11's rate=inf run)."""
-FIRST_CHUNK_PATH_S = 0.015
-"""Client-observed latency of the response path (engine -> API server -> HTTP chunk -> client),
-added to TTFT and E2EL by predict; the real-time server has its own real path instead."""
 
 
 class StepCost(Protocol):
@@ -51,9 +41,7 @@ class StepCost(Protocol):
 
 
 def nominal_params() -> TwinParams:
-    """The catalog's parameters (imported late: `params` builds on this module's constants)."""
-    from batchtune.twin.params import NOMINAL
-
+    """The catalog's parameters."""
     return NOMINAL
 
 

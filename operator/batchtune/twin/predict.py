@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from batchtune.twin.config import ServeConfig
-from batchtune.twin.engine import Engine, _Request
+from batchtune.twin.engine import SimEngine, _Request
 from batchtune.twin.memory import MemoryPlan, RuntimeOutOfMemory, StartupFailure
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def predict(cfg: ServeConfig, workload: Workload, duration_s: float, seed: int =
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     try:
-        engine = Engine(cfg, seed=seed, params=params)
+        engine = SimEngine(cfg, seed=seed, params=params)
     except StartupFailure as exc:
         return Prediction(cfg, workload, startup_error=str(exc))
     sim = _Simulation(engine, workload, duration_s, seed)
@@ -189,7 +189,7 @@ def _apply_noise(metrics: dict[str, Any], noise: float, seed: int) -> None:
 
 
 class _Simulation:
-    def __init__(self, engine: Engine, wl: Workload, duration_s: float, seed: int):
+    def __init__(self, engine: SimEngine, wl: Workload, duration_s: float, seed: int):
         self.engine = engine
         self.wl = wl
         self.rng = random.Random(seed)
@@ -232,7 +232,7 @@ class _Simulation:
         num_prompts = self.wl.num_prompts  # None exactly when not in bench mode
         return num_prompts is None or self.sent < num_prompts
 
-    def run(self) -> None:
+    def run(self) -> None:  # noqa: C901
         eng, wl = self.engine, self.wl
         run = eng._run
         cost = eng._cost

@@ -447,7 +447,7 @@ class TwinServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
-    def _parse(self, body: Any, chat: bool) -> tuple[int, int, str, bool, bool, int]:
+    def _parse(self, body: Any, chat: bool) -> tuple[int, int, str, bool, bool, int]:  # noqa: C901
         """(prompt_tokens, tokens to generate, finish reason, stream, include_usage, seed for text)."""
         if not isinstance(body, dict):
             raise OpenAIError(400, "request body must be a JSON object")

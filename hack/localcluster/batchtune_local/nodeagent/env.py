@@ -103,7 +103,7 @@ def resource_value(
     return str(math.ceil(parse_quantity(raw) / divisor))
 
 
-def resolve_env(
+def resolve_env(  # noqa: C901
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
     network: PodNetwork,
@@ -111,7 +111,7 @@ def resolve_env(
     config_map: ObjectLookup,
     secret: ObjectLookup,
     node_allocatable: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+) -> dict[str, str]:  # noqa: C901
     """The container's environment from its spec, in kubelet order (envFrom, then env)."""
     namespace = str((pod.get("metadata") or {}).get("namespace", "default"))
     allocatable = node_allocatable or {}

@@ -113,7 +113,7 @@ def termination_message(file_text: bytes | None, log_tail: bytes | None, exit_co
     return ""
 
 
-def pod_phase(restart_policy: str, containers: Sequence[ContainerView], initialized: bool, init_failed: bool) -> str:
+def pod_phase(restart_policy: str, containers: Sequence[ContainerView], initialized: bool, init_failed: bool) -> str:  # noqa: C901
     """The kubelet's phase rule (getPhase) over the app containers."""
     if init_failed:
         return "Failed"

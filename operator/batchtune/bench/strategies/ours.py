@@ -11,17 +11,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from batchtune.bench.evaluate import TrialProtocol, TrialResult, TrialRunner
+from batchtune.bench.evaluate import TrialProtocol, TrialResult, TrialRunner, slo_targets
 from batchtune.bench.scenarios import Scenario
-from batchtune.bench.types import Choice, Knobs, Reading, Testbed
+from batchtune.bench.types import Choice, Knobs, Testbed
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome
 from batchtune.core.planning import EngineLimits, FitVerdict, Plan, SearchSpace, plan_candidates
 from batchtune.core.search import Search
 from batchtune.core.selection import CompletedTrial, select_best
 from batchtune.core.settings import Setting
-from batchtune.core.slo import SloTargets
-from batchtune.core.vocabulary import M, Reason, TrialState, Verdict
+from batchtune.core.vocabulary import Reason, TrialState, Verdict
 from batchtune.engines import VLLM
 
 if TYPE_CHECKING:
@@ -30,59 +29,6 @@ if TYPE_CHECKING:
 
 # (fits, reason) for one setting; fits None = unknown (kept), as the core's FitVerdict.
 FitFn = Callable[[Scenario, Knobs], tuple[bool | None, str]]
-
-_PERCENTILES = (50, 90, 95, 99)
-
-
-def slo_targets(scenario: Scenario, headroom_pct: int) -> SloTargets:
-    """The scenario's SLO as the core's targets. One percentile per scenario (the CRD has one)."""
-    fields: dict[str, int] = {}
-    percentiles = set()
-    names = {"ttft": "ttft_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
-    for key, limit in scenario.slo.limits.items():
-        pct, metric, _ = key.split("_")  # p95_ttft_ms
-        percentiles.add(int(pct.removeprefix("p")))
-        if metric not in names:
-            raise ValueError(f"scenario {scenario.name}: SLO key {key!r} has no core target (ttft, itl, e2el)")
-        fields[names[metric]] = int(limit)
-    if len(percentiles) != 1 or next(iter(percentiles)) not in _PERCENTILES:
-        raise ValueError(f"scenario {scenario.name}: SLO keys {list(scenario.slo.limits)} mix percentiles")
-    return SloTargets(percentile=percentiles.pop(), headroom_percent=headroom_pct, **fields)
-
-
-def status_metrics(reading: Reading | None, scenario: Scenario, percentile: int) -> dict[str, float]:
-    """A reading in the status metric names the core reads (camelCase, latencies at the SLO percentile)."""
-    if reading is None or not reading.ok:
-        return {}
-    m = reading.metrics
-    p = f"p{percentile}"
-    out: dict[str, float | None] = {
-        M.TTFT_MS: m.get(f"{p}_ttft_ms"),
-        M.ITL_MS: m.get(f"{p}_itl_ms"),
-        M.E2E_MS: m.get(f"{p}_e2el_ms"),
-        M.TTFT_MEAN_MS: m.get("mean_ttft_ms"),
-        M.ITL_MEAN_MS: m.get("mean_itl_ms"),
-        M.OUTPUT_THROUGHPUT: m.get("output_throughput"),
-        M.REQUEST_THROUGHPUT: m.get("request_throughput"),
-        M.KV_CACHE_USAGE_PERCENT: m.get("kv_cache_usage_pct"),
-        M.PREEMPTIONS_PER_SECOND: m.get("preemptions_per_s"),
-        M.GPU_UTIL_PERCENT: m.get("gpu_util_pct"),
-        M.SM_ACTIVE_PERCENT: m.get("sm_active_pct"),
-        M.POWER_WATTS: m.get("power_w"),
-        M.RUNNING_REQUESTS: m.get("mean_running_requests"),  # vllm:num_requests_running, averaged
-        M.KV_POOL_TOKENS: m.get("kv_cache_tokens"),  # vllm:cache_config_info blocks x block size
-    }
-    running = m.get("max_concurrent_requests")
-    if reading.load.kind == "concurrency" and running is not None:
-        # A closed loop keeps its users' requests outstanding: those beyond the running batch wait.
-        out[M.WAITING_REQUESTS] = max(0.0, reading.load.value - running)
-    completed, failed = m.get("completed"), m.get("failed")
-    if completed is not None and failed is not None and completed + failed > 0:
-        out[M.ERROR_RATE_PERCENT] = 100.0 * failed / (completed + failed)
-    else:
-        out[M.ERROR_RATE_PERCENT] = 0.0
-    return {k: float(v) for k, v in out.items() if v is not None}
-
 
 def to_outcome(result: TrialResult, objective: Objective) -> TrialOutcome:
     """What the core's search learns from one bench trial: the protocol's conclusion, or the start failure

@@ -1,4 +1,5 @@
-"""`batchtune operator`: run the kopf operator (also `kopf run -m batchtune.controller.handlers`)."""
+"""`batchtune operator`: run the kopf operator (also `kopf run -m batchtune.controller.handlers`). The CLI registers
+it by module name (cli/__init__.py), so cli/ imports nothing of the controller's."""
 
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from batchtune.controller.handlers import http_errors
-from batchtune.controller.prometheus import Production, PrometheusReader, PrometheusUnavailable
 from batchtune.core.measurement import Window
 from batchtune.core.promql import LabelNames, MetricNames, QueryContext
 from batchtune.core.vocabulary import M
 from batchtune.engines import VLLM
+from batchtune.prometheus import Production, PrometheusReader, PrometheusUnavailable
 
 
 class FakePrometheus(BaseHTTPRequestHandler):
