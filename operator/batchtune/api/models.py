@@ -39,6 +39,7 @@ from batchtune.core.planning import SearchSpace as CoreSearchSpace
 from batchtune.core.planning import doublings
 from batchtune.core.promql import LabelNames as CoreLabelNames
 from batchtune.core.promql import MetricNames as CoreMetricNames
+from batchtune.core.recommend import ContainerArgs as CoreContainerArgs
 from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import PERCENTILES, SloTargets
@@ -1227,6 +1228,13 @@ class ContainerArgs(_Status):
     """The container's command."""
     args: list[str] | None = None
     """The container's args."""
+
+    @classmethod
+    def of(cls, args: CoreContainerArgs) -> ContainerArgs:
+        return cls.model_validate(args.to_wire())
+
+    def core(self) -> CoreContainerArgs:
+        return CoreContainerArgs.of(self.model_dump(exclude_none=True))
 
 
 class Recommendation(_Status):

@@ -19,8 +19,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from batchtune.api import AppliedRecord, PullRequestRecord
-from batchtune.api import ContainerArgs as ArgsRecord
+from batchtune.api import PullRequestRecord
 from batchtune.controller.forge import ForgeError, api_url
 from batchtune.controller.gitremote import GitError
 from batchtune.controller.ports import NotAllowed
@@ -29,25 +28,17 @@ from batchtune.core import gitwrite
 from batchtune.core.policy import git_url_problem
 from batchtune.core.production import rollout_complete
 from batchtune.core.recommend import ContainerArgs, kustomize_patch, production_args
-from batchtune.core.vocabulary import ConditionType, M, Phase, Reason, TrialState
-from batchtune.prometheus import PrometheusUnavailable
+from batchtune.core.settings import Setting
+from batchtune.core.vocabulary import M, Phase, Reason, TrialState
 
 FORGE_POLL_SECONDS = 30
 """How often an open pull request's state is asked of the forge while waiting."""
 
 
-def _record(args: ContainerArgs) -> ArgsRecord:
-    return ArgsRecord.model_validate(args.to_wire())
-
-
-def _args(record: ArgsRecord | None) -> ContainerArgs | None:
-    return None if record is None else ContainerArgs.of(record.model_dump(exclude_none=True))
-
-
 def connect(tick: Tick) -> tuple[Any, Any | None]:
     """The repository and the forge (None without spec.apply.git.forge); `NotAllowed` when the install refuses."""
-    assert tick.spec is not None and tick.spec.apply.git is not None
     git = tick.spec.apply.git
+    assert git is not None
     install = tick.ports.install
     problem = git_url_problem(git.url, install.git_urls)
     api = None
@@ -72,15 +63,13 @@ def connect(tick: Tick) -> tuple[Any, Any | None]:
 
 
 def _margins(tick: Tick, metrics: dict[str, float | None]) -> list[str]:
-    assert tick.spec is not None
-    slo = tick.spec.slo
+    slo = tick.view.slo
     out = []
-    for what, key, limit in (("TTFT", M.TTFT_MS, slo.ttft_milliseconds),
-                             ("inter-token latency", M.ITL_MS, slo.inter_token_latency_milliseconds),
-                             ("end-to-end latency", M.E2E_MS, slo.e2e_latency_milliseconds)):
+    for what, key, limit in (("TTFT", M.TTFT_MS, slo.ttft_ms), ("inter-token latency", M.ITL_MS, slo.itl_ms),
+                             ("end-to-end latency", M.E2E_MS, slo.e2e_ms)):
         value = metrics.get(key)
         if limit and value is not None:
-            out.append(f"{what} {slo.percentile.value} {value:.0f} ms of {limit} ms ({100 * (limit - value) / limit:.0f}% "
+            out.append(f"{what} p{slo.percentile} {value:.0f} ms of {limit} ms ({100 * (limit - value) / limit:.0f}% "
                        "to spare)")
     errors = metrics.get(M.ERROR_RATE_PERCENT)
     if errors is not None:
@@ -122,45 +111,58 @@ def message(tick: Tick, target: Target) -> tuple[str, str]:
 
 
 def _target_for_git(tick: Tick, target: Target) -> gitwrite.Target:
-    assert tick.spec is not None and tick.spec.apply.git is not None
     git = tick.spec.apply.git
+    assert git is not None
     return gitwrite.Target(git.layout, git.path, target.name, str(target.container["name"]), git.values_key)
 
 
 def propose(tick: Tick) -> None:
-    assert tick.spec is not None and tick.status.recommendation is not None and tick.spec.apply.git is not None
+    assert tick.status.recommendation is not None
     target = tick.target()
     if target is None:
         return
     setting = tick.status.recommendation.setting.core()
-    extra = tuple(tick.spec.search_space.extra_args or ())
-    desired = production_args(target.engine, target.container, setting, extra)
+    desired = production_args(target.engine, target.container, setting, tick.view.spec.extra_args)
     current = ContainerArgs.of(target.container)
     if current == desired:
         tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
         return
-    applied = tick.status.applied
-    if applied is None or applied.before is None or _args(applied.previous) != current:
-        # Production's window and exact args before the change: what verify compares against.
-        try:
-            before = tick.reader(target.engine).production_window(
-                tick.production(target), tick.now - timedelta(seconds=max(60, tick.spec.apply.verify_seconds)), tick.now)
-        except PrometheusUnavailable as exc:
-            tick.prometheus_down(exc)
-            return
-        tick.status.applied = AppliedRecord(generation=tick.tuning.generation, target=target.name,
-                                            previous=_record(current), new=_record(desired),
-                                            before={k: v for k, v in before.items() if v is not None})
-        return
-    git = tick.spec.apply.git
+    if not tick.checkpointed(target, current, desired):
+        return  # production's window and exact args before the change (what verify compares against) first
     remote, forge = connect(tick)
+    title, body = message(tick, target)
+    pushed = push(tick, target, remote, setting, desired, body)
+    if pushed is None:
+        return
+    record, commit = pushed
+    if forge is not None and not open_request(tick, forge, record, title, body):
+        return
+    previous = tick.status.pull_request
+    if previous is not None and previous.branch != record.branch:
+        supersede(tick, remote, forge, previous, record)
+    tick.status.pull_request = record
+    git = tick.spec.apply.git
+    assert git is not None
+    where_text = f"pull request #{record.number} ({record.url})" if record.number else f"branch {record.branch}"
+    text = (f"Proposed {tick.status.best_setting} in {git.url}: {where_text}, commit {commit[:12]} on "
+            f"{git.branch}; waiting for production to run it")
+    tick.event(False, Reason.PULL_REQUEST_OPENED if record.number else Reason.BRANCH_PUSHED, text)
+    tick.log.info("%s", text)
+    tick.set_phase(Phase.AWAITING_MERGE, Reason.WAITING_FOR_MERGE, text)
+
+
+def push(tick: Tick, target: Target, remote: Any, setting: Setting, desired: ContainerArgs,
+         body: str) -> tuple[PullRequestRecord, str] | None:
+    """The decision's commit on its own branch: (its record, the commit); None when this tick's step ends here (an
+    edit that cannot be made, Git unreachable, or the base branch already holding the change)."""
+    git = tick.spec.apply.git
+    assert git is not None
     where = _target_for_git(tick, target)
     branch = gitwrite.branch_name(git.branch_prefix, tick.tuning.namespace, tick.tuning.name, tick.status.round or 1,
                                   tick.tuning.generation)
-    title, body = message(tick, target)
 
     def rewrite(container: Any) -> Any:
-        return target.engine.rewrite(container, setting, extra)
+        return target.engine.rewrite(container, setting, tick.view.spec.extra_args)
 
     def edit(files: Any) -> dict[str, str]:
         patch = kustomize_patch(target.deployment, str(target.container["name"]), desired.to_wire())
@@ -171,11 +173,10 @@ def propose(tick: Tick) -> None:
                                 now=tick.now.timestamp())
     except gitwrite.EditError as exc:
         tick.fail(Reason.GIT_EDIT_FAILED, f"spec.apply.git: {exc}")
-        return
+        return None
     except GitError as exc:
         tick.waiting(Reason.GIT_UNAVAILABLE, f"Git: {exc}; retrying", warn=True)
-        return
-    previous = tick.status.pull_request
+        return None
     record = PullRequestRecord(branch=branch, repository=git.url, base=pushed.base, commit=pushed.commit,
                                generation=tick.tuning.generation, round=tick.status.round or 1,
                                files=sorted(edit_paths(where, target.name)))
@@ -184,25 +185,23 @@ def propose(tick: Tick) -> None:
         tick.status.pull_request = record
         tick.set_phase(Phase.AWAITING_MERGE, Reason.WAITING_FOR_MERGE,
                        f"{git.url} {git.branch} already holds {tick.status.best_setting}; waiting for production to run it")
-        return
-    if forge is not None:
-        try:
-            pr = forge.open(branch, git.branch, title, body)
-        except ForgeError as exc:
-            tick.status.pull_request = record  # pushed: the next tick opens the request
-            tick.waiting(Reason.GIT_UNAVAILABLE, f"Pushed {branch}; the forge did not open the pull request: {exc}",
-                         warn=True)
-            return
-        record.number, record.url, record.state, record.checked_at = pr.number, pr.url, "Open", tick.now
-    if previous is not None and previous.branch != branch:
-        supersede(tick, remote, forge, previous, record)
-    tick.status.pull_request = record
-    where_text = f"pull request #{record.number} ({record.url})" if record.number else f"branch {branch}"
-    text = (f"Proposed {tick.status.best_setting} in {git.url}: {where_text}, commit {pushed.commit[:12]} on "
-            f"{git.branch}; waiting for production to run it")
-    tick.event(False, Reason.PULL_REQUEST_OPENED if record.number else Reason.BRANCH_PUSHED, text)
-    tick.log.info("%s", text)
-    tick.set_phase(Phase.AWAITING_MERGE, Reason.WAITING_FOR_MERGE, text)
+        return None
+    return record, str(pushed.commit)
+
+
+def open_request(tick: Tick, forge: Any, record: PullRequestRecord, title: str, body: str) -> bool:
+    """Open the pull request for the pushed branch (idempotent at the forge); False: the next tick tries again."""
+    git = tick.spec.apply.git
+    assert git is not None
+    try:
+        pr = forge.open(record.branch, git.branch, title, body)
+    except ForgeError as exc:
+        tick.status.pull_request = record  # pushed: the next tick opens the request
+        tick.waiting(Reason.GIT_UNAVAILABLE, f"Pushed {record.branch}; the forge did not open the pull request: {exc}",
+                     warn=True)
+        return False
+    record.number, record.url, record.state, record.checked_at = pr.number, pr.url, "Open", tick.now
+    return True
 
 
 def edit_paths(where: gitwrite.Target, deployment: str) -> list[str]:
@@ -233,13 +232,12 @@ def supersede(tick: Tick, remote: Any, forge: Any | None, old: PullRequestRecord
 
 
 def await_merge(tick: Tick) -> None:
-    assert tick.spec is not None
     applied, record = tick.status.applied, tick.status.pull_request
     target = tick.target(applied.target if applied and applied.target else None)
     if target is None or applied is None or record is None:
         return
     current = ContainerArgs.of(target.container)
-    desired = _args(applied.new)
+    desired = applied.new.core() if applied.new else None
     if current == desired:
         if not rollout_complete(target.deployment):
             tick.waiting(Reason.WAITING_FOR_ROLLOUT, f"Production runs the merged change; waiting for {target.name} "
@@ -253,7 +251,7 @@ def await_merge(tick: Tick) -> None:
         tick.event(False, Reason.MERGED_CHANGE_RUNNING, text)
         tick.set_phase(Phase.VERIFYING, Reason.MERGED_CHANGE_RUNNING, text)
         return
-    if current != _args(applied.previous):
+    if applied.previous is None or current != applied.previous.core():
         tick.target_changed(target)  # production moved to something else: the trials no longer hold
         return
     if record.number and (record.checked_at is None
@@ -276,13 +274,3 @@ def await_merge(tick: Tick) -> None:
     state = f" (pull request #{record.number}: {record.state})" if record.number else ""
     tick.waiting(Reason.WAITING_FOR_MERGE, f"Waiting for production to run {tick.status.best_setting} from "
                                            f"{record.branch}{state}")
-
-
-def regressed(tick: Tick, reason: Reason, message: str) -> None:
-    """Verify failed on a change Git made: batchtune cannot roll it back; it says what to revert."""
-    record = tick.status.pull_request
-    commit = f"commit {record.commit[:12]} ({record.branch})" if record and record.commit else "the merged change"
-    text = (f"{message}; production runs a change from Git, which batchtune does not overwrite: revert {commit} in "
-            "Git to restore the previous setting")
-    tick.condition(ConditionType.DEGRADED, True, reason, text)
-    tick.fail(reason, text)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
+from batchtune.api import AppliedRecord, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
+from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import status as status_io
 from batchtune.controller import telemetry
 from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
@@ -22,6 +23,7 @@ from batchtune.core.gitops import ModeDecision, detect, resolve_mode
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
+from batchtune.core.recommend import ContainerArgs
 from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
 from batchtune.core.workload import build_profile
@@ -243,6 +245,25 @@ class Tick:
         if result.profile is None:
             return result.problem or "no profile"
         return WorkloadRecord.of(result.profile, self.now)
+
+    def checkpointed(self, target: Target, current: ContainerArgs, desired: ContainerArgs) -> bool:
+        """Whether status.applied holds production's window and exact args from before the change (what verify
+        compares against). If not, they are read and recorded now and this tick's step ends (False); so does an
+        unreachable Prometheus."""
+        applied = self.status.applied
+        if applied is not None and applied.before is not None and applied.previous is not None and \
+                applied.previous.core() == current:
+            return True
+        since = self.now - timedelta(seconds=max(60, self.spec.apply.verify_seconds))
+        try:
+            before = self.reader(target.engine).production_window(self.production(target), since, self.now)
+        except PrometheusUnavailable as exc:
+            self.prometheus_down(exc)
+            return False
+        self.status.applied = AppliedRecord(generation=self.tuning.generation, target=target.name,
+                                            previous=ArgsRecord.of(current), new=ArgsRecord.of(desired),
+                                            before={k: v for k, v in before.items() if v is not None})
+        return False
 
     def production_peak(self, target: Target) -> tuple[float | None, str]:
         """Production's observed peak request rate (all replicas together) and where it came from
