@@ -15,32 +15,66 @@ import yaml
 
 from batchtune.cli.recommend import NoRecommendation, autoscaler_text
 from batchtune.core import autoscale
+from batchtune.core.settings import Setting
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "keda" / "keda.sh_scaledobjects.yaml"
 
 
 def tuning(capacities=(2.5, 2.25), objective="SloCapacity") -> dict:
     setting = {"maxNumSeqs": 32, "gpuMemoryUtilizationPercent": 90}
-    trials = [{"name": f"tune-trial-{i}", "setting": setting, "state": "Done", "metrics": {"sloCapacity": c}}
-              for i, c in enumerate(capacities)]
-    trials.append({"name": "tune-trial-9", "setting": {"maxNumSeqs": 8, "gpuMemoryUtilizationPercent": 90},
+    trials = [{"name": f"tune-trial-{i}", "index": i, "setting": setting, "state": "Done",
+               "metrics": {"sloCapacity": c}} for i, c in enumerate(capacities)]
+    trials.append({"name": "tune-trial-9", "index": 9, "setting": {"maxNumSeqs": 8, "gpuMemoryUtilizationPercent": 90},
                    "state": "Done", "metrics": {"sloCapacity": 9.0}})
     return {"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
             "metadata": {"name": "tune", "namespace": "inference"},
-            "spec": {"targetRef": {"name": "llm"}, "objective": {"type": objective},
-                     "slo": {"headroomPercent": 15}, "prometheus": {"url": "http://prometheus.monitoring:9090"}},
+            "spec": {"targetRef": {"name": "llm"}, "searchSpace": {"maxNumSeqs": {"values": [8, 32]}},
+                     "objective": {"type": objective},
+                     "slo": {"interTokenLatencyMilliseconds": 60, "headroomPercent": 15},
+                     "prometheus": {"url": "http://prometheus.monitoring:9090"}},
             "status": {"phase": "Succeeded", "bestTrial": "tune-trial-0", "trials": trials,
                        "recommendation": {"setting": setting, "reason": "r", "replicasHint": 3}}}
 
 
+def capacity_of(bt: dict) -> autoscale.Capacity:
+    """What the operator exports and `recommend -o hpa` targets, through the controller's status conversion."""
+    from batchtune.api import parse_spec, parse_status
+    from batchtune.controller import records
+
+    meta = bt["metadata"]
+    return records.capacity(meta["namespace"], meta["name"], parse_spec(bt["spec"]), parse_status(bt["status"]))
+
+
 def test_capacity_is_the_worst_repeat_of_the_chosen_setting():
-    cap = autoscale.capacity_of(tuning())
+    cap = capacity_of(tuning())
     assert (cap.namespace, cap.deployment, cap.requests_per_second, cap.headroom_percent, cap.replicas_hint) == \
         ("inference", "llm", 2.25, 15, 3)
 
 
+@pytest.mark.parametrize("trials, message", [
+    pytest.param([], "not measured in every repeat", id="no-trial-at-the-setting"),
+    pytest.param([(2.5, True), (None, True)], "not measured in every repeat", id="a-repeat-unmeasured"),
+    pytest.param([(2.5, True), (float("nan"), True)], "not measured in every repeat", id="a-repeat-nan"),
+    pytest.param([(0.0, True)], "not measured in every repeat", id="zero"),
+])
+def test_capacity_needs_every_finished_repeat_measured(trials, message):
+    chosen = Setting(32, 90)
+    measured = [autoscale.Measured(chosen, done, value) for value, done in trials]
+    measured.append(autoscale.Measured(Setting(8, 90), True, 9.0))  # another setting's figure never counts
+    with pytest.raises(autoscale.NoCapacity, match=message):
+        autoscale.capacity("inference/tune", "inference", "llm", chosen, measured, 10)
+
+
+def test_capacity_skips_unfinished_trials_and_needs_a_recommendation():
+    chosen = Setting(32, 90)
+    measured = [autoscale.Measured(chosen, True, 3.0), autoscale.Measured(chosen, False, None)]
+    assert autoscale.capacity("inference/tune", "inference", "llm", chosen, measured, 10).requests_per_second == 3.0
+    with pytest.raises(autoscale.NoCapacity, match="no recommendation yet"):
+        autoscale.capacity("inference/tune", "inference", "llm", None, measured, 10)
+
+
 def test_hpa_targets_the_capacity_per_pod():
-    hpa = autoscale.hpa(autoscale.capacity_of(tuning()))
+    hpa = autoscale.hpa(capacity_of(tuning()))
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"}
     assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "vllm_requests_per_second"},
                                                                 "target": {"type": "AverageValue", "averageValue": "2250m"}}}]
@@ -51,7 +85,7 @@ def test_hpa_targets_the_capacity_per_pod():
 def test_keda_scaled_object_matches_kedas_crd():
     crd = yaml.safe_load(DATA.read_text())
     schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")["schema"]["openAPIV3Schema"]
-    obj = autoscale.keda(autoscale.capacity_of(tuning()), "http://prometheus.monitoring:9090", max_replicas=4)
+    obj = autoscale.keda(capacity_of(tuning()), "http://prometheus.monitoring:9090", max_replicas=4)
     jsonschema.validate(obj, schema)
     trigger = obj["spec"]["triggers"][0]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
@@ -93,16 +127,17 @@ def test_no_capacity_says_why(bt, message):
 
 def test_replica_bounds_are_checked():
     with pytest.raises(ValueError, match="1 <= min"):
-        autoscale.hpa(autoscale.capacity_of(tuning()), min_replicas=3, max_replicas=2)
+        autoscale.hpa(capacity_of(tuning()), min_replicas=3, max_replicas=2)
 
 
 def test_operator_exports_capacity_and_knobs_and_forgets_them():
     from prometheus_client import generate_latest
 
+    from batchtune.api import parse_spec, parse_status
     from batchtune.controller import telemetry
 
     bt = tuning()
-    telemetry.export_decision(bt)
+    telemetry.export_decision("inference", "tune", parse_spec(bt["spec"]), parse_status(bt["status"]))
     text = generate_latest().decode()
     labels = 'batchtuning="tune",deployment="llm",namespace="inference"'
     assert f"batchtune_slo_capacity_requests_per_second{{{labels}}} 2.25" in text

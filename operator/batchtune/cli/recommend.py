@@ -107,17 +107,29 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
 def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None = None,
                     max_replicas: int | None = None, scale_down_seconds: int = 300) -> tuple[str, str]:
     """(the HPA or ScaledObject YAML, a note for stderr); NoRecommendation when nothing was measured to scale on."""
+    from batchtune.api import InvalidBatchTuning, parse_spec, parse_status
     from batchtune.core import autoscale
+    from batchtune.core.vocabulary import M, TrialState
 
     bt = clean(bt)
+    meta = bt.get("metadata") or {}
+    where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     try:
-        cap = autoscale.capacity_of(dict(bt))
+        spec, status = parse_spec(dict(bt.get("spec") or {})), parse_status(dict(bt.get("status") or {}))
+    except InvalidBatchTuning as exc:
+        raise NoRecommendation(f"BatchTuning {where}: {exc}") from None
+    rec = status.recommendation
+    trials = [autoscale.Measured(t.setting.core(), t.state is TrialState.DONE, (t.metrics or {}).get(M.SLO_CAPACITY))
+              for t in status.trials]
+    try:
+        cap = autoscale.capacity(where, str(meta.get("namespace") or ""), spec.target_ref.name,
+                                 rec.setting.core() if rec else None, trials, spec.slo.headroom_percent,
+                                 rec.replicas_hint if rec else None)
     except autoscale.NoCapacity as exc:
         raise NoRecommendation(str(exc)) from None
-    prom = (bt.get("spec") or {}).get("prometheus") or {}
-    names, labels = prom.get("metricNames") or {}, prom.get("labels") or {}
-    counter = names.get("requestSuccess") or "vllm:request_success_total"
-    ns_label, pod_label = labels.get("namespace") or "namespace", labels.get("pod") or "pod"
+    prom = spec.prometheus
+    counter = prom.metric_names.request_success or "vllm:request_success_total"
+    ns_label, pod_label = prom.labels.namespace, prom.labels.pod
     if output == "hpa":
         manifest = autoscale.hpa(cap, min_replicas, max_replicas, scale_down_seconds)
         rule = yaml.safe_dump({"rules": [autoscale.adapter_rule(counter, ns_label, pod_label)]}, sort_keys=False)
@@ -125,8 +137,7 @@ def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None
                   "It needs a custom-metrics adapter serving vllm_requests_per_second; prometheus-adapter's rule:\n"
                   + rule)
     else:
-        manifest = autoscale.keda(cap, str(prom.get("url") or ""), min_replicas, max_replicas, counter, ns_label,
-                                  pod_label)
+        manifest = autoscale.keda(cap, prom.url, min_replicas, max_replicas, counter, ns_label, pod_label)
         header = "KEDA ScaledObject from batchtune: threshold = the measured SLO capacity per replica."
     note = f"# {cap.namespace}/{cap.deployment}: {cap.requests_per_second:.3g} req/s per replica at {cap.setting}"
     return autoscale.render(manifest, header), note

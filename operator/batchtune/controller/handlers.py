@@ -15,7 +15,9 @@ from typing import Any
 import kopf
 
 from batchtune import API_GROUP, API_VERSION, PLURAL
+from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import kube, retune, telemetry
+from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Install, Ports
@@ -180,11 +182,30 @@ def tuning(body: kopf.Body) -> Tuning:
 
 # ---- the loop ---------------------------------------------------------------------------------
 
+EXPORTED_VERSIONS: dict[tuple[str, str], str] = {}
+"""The resourceVersion each BatchTuning's decision gauges were last set from (parsed again only when it changes)."""
+
+
+def export_decision(body: kopf.Body) -> None:
+    """The decision gauges (`telemetry.export_decision`) from the BatchTuning as read, terminal ones included."""
+    meta = body["metadata"]
+    key = (str(meta["namespace"]), str(meta["name"]))
+    version = str(meta.get("resourceVersion") or "")
+    if version and EXPORTED_VERSIONS.get(key) == version:
+        return
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except InvalidBatchTuning:
+        spec = None
+    telemetry.export_decision(*key, spec, status_io.load(body.get("status")))
+    EXPORTED_VERSIONS[key] = version
+
+
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
 def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
     status = body.get("status") or {}
-    telemetry.export_decision(body)
+    export_decision(body)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
         status.get("observedGeneration") == body["metadata"].get("generation")
     the_ports = ports(kwargs)
@@ -206,6 +227,7 @@ def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any)
 def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     from batchtune.controller.ports import Conflict
 
+    EXPORTED_VERSIONS.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
     telemetry.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         on_delete(tuning(body), ports(kwargs), datetime.now(UTC), logger)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from batchtune.controller import records
+from batchtune.core.autoscale import NoCapacity
+
+if TYPE_CHECKING:
+    from batchtune.api import BatchTuningSpec, BatchTuningStatus
 
 TRIALS = Counter("batchtune_trials_total", "Trials finished, by result.", ["result"])
 TUNING_DURATION = Histogram(
@@ -30,27 +35,25 @@ SLO_HEADROOM = Gauge("batchtune_slo_headroom_percent", "The SLO headroom the cap
 _EXPORTED: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
 
 
-def export_decision(body: Mapping[str, Any]) -> None:
-    """Set the decision gauges from a BatchTuning's status (level-based: every tick; gone knobs are removed)."""
-    from batchtune.core.autoscale import NoCapacity, capacity_of
-
-    meta = body.get("metadata") or {}
-    key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-    rec = (body.get("status") or {}).get("recommendation") or {}
-    deployment = str(((body.get("spec") or {}).get("targetRef") or {}).get("name") or "")
-    if not rec or not deployment:
+def export_decision(namespace: str, name: str, spec: BatchTuningSpec | None, status: BatchTuningStatus) -> None:
+    """Set the decision gauges from a BatchTuning's status (level-based: every tick; gone knobs are removed).
+    `spec` None: a spec this operator cannot read, nothing exported."""
+    key = (namespace, name)
+    rec = status.recommendation
+    if rec is None or spec is None:
         forget(*key)
         return
+    deployment = spec.target_ref.name
     if key in _EXPORTED and _EXPORTED[key][0] != deployment:
         forget(*key)
-    labels = (key[0], key[1], deployment)
-    knobs = {k: v for k, v in (rec.get("setting") or {}).items() if isinstance(v, int | float)}
+    labels = (namespace, name, deployment)
+    knobs = rec.setting.core().to_status()
     for knob in set(_EXPORTED.get(key, ("", ()))[1]) - set(knobs):
         SETTING.remove(*labels, knob)
     for knob, value in knobs.items():
         SETTING.labels(*labels, knob).set(value)
     try:
-        cap = capacity_of(dict(body))
+        cap = records.capacity(namespace, name, spec, status)
         SLO_CAPACITY.labels(*labels).set(cap.requests_per_second)
         SLO_HEADROOM.labels(*labels).set(cap.headroom_percent)
     except NoCapacity:

@@ -16,10 +16,13 @@ Prometheus itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from batchtune.core.settings import Setting
 
 HPA_METRIC = "vllm_requests_per_second"
 RATE_WINDOW = "1m"
@@ -120,25 +123,24 @@ def render(manifest: dict[str, Any], header: str) -> str:
     return "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(manifest, sort_keys=False)
 
 
-def capacity_of(bt: dict[str, Any]) -> Capacity:
-    """The capacity a BatchTuning (as the API returns it) measured for its recommendation; `NoCapacity` if none."""
-    meta, spec, status = bt.get("metadata") or {}, bt.get("spec") or {}, bt.get("status") or {}
-    rec = status.get("recommendation") or {}
-    where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    if not rec:
-        raise NoCapacity(f"BatchTuning {where} has no recommendation yet")
-    best = next((t for t in status.get("trials") or [] if t.get("name") == status.get("bestTrial")), None)
-    same = [t for t in status.get("trials") or [] if best is not None and t.get("setting") == best.get("setting")
-            and t.get("state") == "Done"]
-    values = [(t.get("metrics") or {}).get("sloCapacity") for t in same]
-    known = [v for v in values if isinstance(v, int | float) and math.isfinite(v) and v > 0]
+@dataclass(frozen=True)
+class Measured:
+    """One trial as the capacity reads it: its setting, whether it finished measuring, its SLO capacity."""
+
+    setting: Setting
+    done: bool
+    slo_capacity: float | None
+
+
+def capacity(tuning: str, namespace: str, deployment: str, chosen: Setting | None, trials: Sequence[Measured],
+             headroom_percent: int, replicas_hint: int | None = None) -> Capacity:
+    """The capacity a tuning measured for its chosen setting: the worst of the finished trials at that setting, each
+    of which must have measured it; `NoCapacity` (naming `tuning`, "namespace/name") otherwise."""
+    if chosen is None:
+        raise NoCapacity(f"BatchTuning {tuning} has no recommendation yet")
+    values = [t.slo_capacity for t in trials if t.done and t.setting == chosen]
+    known = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if not known or len(known) < len(values):
-        raise NoCapacity(f"BatchTuning {where}: the chosen setting's SLO capacity was not measured in every repeat "
+        raise NoCapacity(f"BatchTuning {tuning}: the chosen setting's SLO capacity was not measured in every repeat "
                          "(only SloCapacity and Goodput objectives measure it)")
-    setting = rec.get("setting") or {}
-    label = f"maxNumSeqs={setting.get('maxNumSeqs')}, gpuMemoryUtilization={setting.get('gpuMemoryUtilizationPercent')}%"
-    if setting.get("maxNumBatchedTokens"):
-        label += f", maxNumBatchedTokens={setting['maxNumBatchedTokens']}"
-    return Capacity(str(meta.get("namespace") or ""), str((spec.get("targetRef") or {}).get("name") or ""),
-                    min(known), label, int((spec.get("slo") or {}).get("headroomPercent", 10)),
-                    rec.get("replicasHint"))
+    return Capacity(namespace, deployment, min(known), chosen.label(), headroom_percent, replicas_hint)
