@@ -138,17 +138,20 @@ def _replace_sequence(text: str, node: SequenceNode, new: Sequence[str]) -> str:
         styles = dict(zip(old, (i.style for i in old_items), strict=True))
         body = "[" + ", ".join(_render(v, styles.get(v, quoted)) for v in new) + "]"
         return text[:node.start_mark.index] + body + text[node.end_mark.index:]
-    # Block list whose length changes: one item per line; reuse the lines of unchanged items as they were.
+    return _resize_block_list(text, old_items, new, quoted)
+
+
+def _resize_block_list(text: str, old_items: Sequence[ScalarNode], new: Sequence[str], quoted: str | None) -> str:
+    """A block list whose length changes: one item per line; the lines of unchanged items reused as they were."""
+    old = [str(i.value) for i in old_items]
     starts = [_line_start(text, i.start_mark.index) for i in old_items]
     ends = [_line_end(text, i.end_mark.index) for i in old_items]
     for a, b in zip(ends, starts[1:], strict=False):
         if a > b:
             raise EditError("the list has two items on one line")
-    first_line = text[starts[0]:old_items[0].start_mark.index]
-    dash = first_line.rstrip()
-    if not dash.endswith("-"):
+    prefix = text[starts[0]:old_items[0].start_mark.index]
+    if not prefix.rstrip().endswith("-"):
         raise EditError("the list's items are not one per line")
-    prefix = first_line
     lines: list[str] = []
     matcher = difflib.SequenceMatcher(a=old, b=list(new), autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -196,13 +199,8 @@ def _rewritten(rewrite: Rewrite, container: Mapping[str, Any], where: str) -> Ma
         raise EditError(f"{where}: {exc}") from None
 
 
-def edit_manifest(text: str, file: str, deployment: str, container: str, rewrite: Rewrite) -> str:
-    """The manifest file with the named Deployment's container rewritten (its command and args lists)."""
-    docs = _compose_all(text, file)
-    index = _find_deployment(docs, deployment)
-    if index is None:
-        raise EditError(f"{file} (spec.apply.git.path) holds no Deployment named {deployment!r}")
-    containers = _containers(docs[index])
+def _container_entry(doc: Node, file: str, deployment: str, container: str) -> MappingNode:
+    containers = _containers(doc)
     entry = None
     for c in containers.value if containers else []:
         name = _get(c, "name")
@@ -210,16 +208,33 @@ def edit_manifest(text: str, file: str, deployment: str, container: str, rewrite
             entry = c
     if not isinstance(entry, MappingNode):
         raise EditError(f"{file}: Deployment {deployment} has no container named {container!r}")
-    where = f"Deployment {deployment}, container {container}"
-    current: dict[str, Any] = {"name": container}
+    return entry
+
+
+def _command_lists(entry: MappingNode, where: str) -> dict[str, SequenceNode]:
+    """The container's command and args lists, those it has."""
     nodes: dict[str, SequenceNode] = {}
     for field in ("command", "args"):
         node = _get(entry, field)
         if node is None:
             continue
         if not isinstance(node, SequenceNode):
-            raise EditError(f"{file}: {where}: {field} must be a list")
+            raise EditError(f"{where}: {field} must be a list")
         nodes[field] = node
+    return nodes
+
+
+def edit_manifest(text: str, file: str, deployment: str, container: str, rewrite: Rewrite) -> str:
+    """The manifest file with the named Deployment's container rewritten (its command and args lists)."""
+    docs = _compose_all(text, file)
+    index = _find_deployment(docs, deployment)
+    if index is None:
+        raise EditError(f"{file} (spec.apply.git.path) holds no Deployment named {deployment!r}")
+    entry = _container_entry(docs[index], file, deployment, container)
+    where = f"Deployment {deployment}, container {container}"
+    nodes = _command_lists(entry, f"{file}: {where}")
+    current: dict[str, Any] = {"name": container}
+    for field, node in nodes.items():
         current[field] = _scalars(node, f"{file}: {where}: {field}")
     new = _rewritten(rewrite, current, f"{file}: {where}")
     for field in ("command", "args"):
@@ -291,6 +306,35 @@ PATCH_HEADER = ("# Written by batchtune (spec.apply.mode PullRequest): the engin
                 "# the tuned batching flags. batchtune replaces this file on a later decision.\n")
 
 
+def _lists_patch(root: MappingNode, patch: str) -> bool:
+    """Whether the kustomization already lists `patch` (under patches, by path or by name, or
+    patchesStrategicMerge)."""
+    for key in ("patches", "patchesStrategicMerge"):
+        listed = _get(root, key)
+        if not isinstance(listed, SequenceNode):
+            continue
+        for item in listed.value:
+            path = item if isinstance(item, ScalarNode) else _get(item, "path")
+            if isinstance(path, ScalarNode) and path.value == patch:
+                return True
+    return False
+
+
+def _after_patches(text: str, root: MappingNode) -> int:
+    """Where a new item of the block list `patches` goes: after its last item, before the blank and comment lines
+    that lead into the next key."""
+    keys = [k for k, _ in root.value]
+    after = next(i for i, k in enumerate(keys) if isinstance(k, ScalarNode) and k.value == "patches") + 1
+    at = _line_start(text, keys[after].start_mark.index) if after < len(keys) else len(text)
+    while at > 0:
+        prev = _line_start(text, at - 1)
+        line = text[prev:at].strip()
+        if line and not line.startswith("#"):
+            break
+        at = prev
+    return at
+
+
 def edit_kustomization(text: str | None, file: str, patch: str) -> str:
     """kustomization.yaml listing `patch` under `patches` (unchanged when it already lists it)."""
     if text is None:
@@ -299,31 +343,15 @@ def edit_kustomization(text: str | None, file: str, patch: str) -> str:
     if len(docs) != 1 or not isinstance(docs[0], MappingNode):
         raise EditError(f"{file} must hold one YAML mapping")
     root = docs[0]
-    for key in ("patches", "patchesStrategicMerge"):
-        listed = _get(root, key)
-        if isinstance(listed, SequenceNode):
-            for item in listed.value:
-                if isinstance(item, ScalarNode) and item.value == patch:
-                    return text
-                path = _get(item, "path")
-                if isinstance(path, ScalarNode) and path.value == patch:
-                    return text
+    if _lists_patch(root, patch):
+        return text
     patches = _get(root, "patches")
     if patches is None:
         out = text if text.endswith("\n") or not text else text + "\n"
         out += f"patches:\n- path: {patch}\n"
     elif isinstance(patches, SequenceNode) and not patches.flow_style and patches.value:
         indent = " " * _column_of_dash(text, patches.value[0].start_mark.index)
-        keys = [k for k, _ in root.value]
-        after = next(i for i, k in enumerate(keys) if isinstance(k, ScalarNode) and k.value == "patches") + 1
-        at = _line_start(text, keys[after].start_mark.index) if after < len(keys) else len(text)
-        # Back over the blank and comment lines that lead into the next key.
-        while at > 0:
-            prev = _line_start(text, at - 1)
-            line = text[prev:at].strip()
-            if line and not line.startswith("#"):
-                break
-            at = prev
+        at = _after_patches(text, root)
         head = text[:at] if text[:at].endswith("\n") else text[:at] + "\n"
         out = head + f"{indent}- path: {patch}\n" + text[at:]
     else:
