@@ -22,7 +22,7 @@ from batchtune_local.nodeagent.pod import NodeSettings, PodWorker
 from batchtune_local.nodeagent.products import product_for_label
 from batchtune_local.nodeagent.state import StateStore
 from batchtune_local.nodeagent.volumes import empty_dir_mounts, rewrite_path
-from batchtune_local.realvllm import plan
+from batchtune_local.realvllm import niceness, plan
 
 VENV = Path("/opt/vllm-venv")
 ENV = {"BATCHTUNE_POD_IP": "127.40.0.7", "PATH": "/usr/bin", "VIRTUAL_ENV": "/work/.venv", "PYTHONPATH": "/x",
@@ -54,6 +54,19 @@ def test_the_image_entrypoint_and_other_spellings():
     assert plan(["serve"], VENV, {**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"})[2]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     with pytest.raises(ValueError, match="loopback"):
         plan(["serve"], VENV, {**ENV, "BATCHTUNE_POD_IP": "10.0.0.1"})
+
+
+def test_servers_run_nicer_than_the_clients_that_measure_them():
+    serve = plan(["vllm", "serve", "/m"], VENV, ENV)[1]
+    api = plan(["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"], VENV, ENV)[1]
+    bench = plan(["vllm", "bench", "serve", "--base-url", "http://127.40.0.7:8000"], VENV, ENV)[1]
+    assert niceness(serve, ENV) == 10 and niceness(api, ENV) == 10
+    assert niceness(bench, ENV) == 0  # the client's clock stays on time
+    assert niceness(plan(["python3", "-c", "print(1)"], VENV, ENV)[1], ENV) == 0
+    assert niceness(serve, {**ENV, "BATCHTUNE_ENGINE_NICE": "0"}) == 0
+    for bad in ("high", "20", "-1"):
+        with pytest.raises(ValueError, match=f"BATCHTUNE_ENGINE_NICE='{bad}'"):
+            niceness(serve, {**ENV, "BATCHTUNE_ENGINE_NICE": bad})
 
 
 def test_empty_dir_mounts_and_path_rewriting(tmp_path):
