@@ -112,7 +112,7 @@ def replicas(kube, namespace: str) -> int:
     return kube.apps.read_namespaced_deployment("llm", namespace).spec.replicas or 0
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)  # above its waits: 60 + 30 s for the adapter, 90 s for production, 90 + 150 + 150 s
 def test_an_hpa_on_the_measured_capacity_follows_the_load(kube, kubectl, namespace, adapter, wait_for):
     hpa = adapter
     assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "1000m"

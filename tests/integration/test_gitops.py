@@ -113,7 +113,7 @@ def git_operator(cluster, kube, kubectl, namespace, batchtuning_crd, git_server,
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)  # above its waits: 90 s for production, 240 s for the decision, 150 s to verify
 def test_pull_request_mode_ends_with_a_branch_of_exactly_the_knob_change(kube, kubectl, namespace, git_operator,
                                                                          git_server, prometheus_url, wait_for):
     dep = production(namespace)
