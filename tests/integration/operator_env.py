@@ -101,12 +101,14 @@ class Operator:
 
     `leader_elect`: one of several replicas (`--leader-elect`, the Lease in NS; its /metrics served, so a test can
     tell the leader by `batchtune_leader`). `env`: extra environment for the next start only (e.g. failpoints).
-    `scrape_interval`: the override the operator gets (None: it reads the interval from Prometheus)."""
+    `scrape_interval`: the override the operator gets (None: it reads the interval from Prometheus).
+    `extra_args`: more `batchtune operator` flags (install settings: --allowed-git-url, ...)."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *, leader_elect: bool = False,
-                 name: str = "operator", scrape_interval: str | None = "2") -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, extra_args: tuple[str, ...] = (), *,
+                 leader_elect: bool = False, name: str = "operator", scrape_interval: str | None = "2") -> None:
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
         self.leader_elect, self.name, self.scrape_interval = leader_elect, name, scrape_interval
+        self.extra_args = extra_args
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.metrics_url: str | None = None
@@ -129,7 +131,7 @@ class Operator:
             extra = ["--leader-elect", "--leader-elect-namespace", self.namespace]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchtune", "operator", "-n", self.namespace, "--tick-seconds", "1",
-             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", metrics, *extra],
+             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", metrics, *extra, *self.extra_args],
             env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.liveness = f"http://127.0.0.1:{port}/healthz"
 
@@ -167,10 +169,11 @@ class Operator:
         return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob(f"{self.name}-*.log")))
 
 
-def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path) -> Iterator[Operator]:
+def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path,
+                     extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:
     """The body of an `operator` fixture: the operator for the test, then its BatchTunings deleted while
     it still runs (so their finalizer is honoured and the namespace can go), then stopped."""
-    op = Operator(Path(operator_kubeconfig), namespace, log_dir)
+    op = Operator(Path(operator_kubeconfig), namespace, log_dir, extra_args)
     op.start()
     yield op
     op.start() if op.proc is None or op.proc.poll() is not None else None

@@ -284,7 +284,13 @@ def dashboard_reads_the_operator(prometheus_url: str, namespace: str) -> None:
     leaders = query(f'max by (pod) (batchtune_leader{{namespace="{namespace}"}})')
     assert sorted(float(s["value"][1]) for s in leaders) == [0.0, 1.0], leaders  # one leads, one stands by
     for expr in exprs:
+        if any(name in expr for name in MEASURED_CAPACITY_ONLY):
+            continue  # this test's tuning (OutputThroughput at one load) measures no SLO capacity: absent by design
         assert query(expr), f"the dashboard's {expr!r} has no data"
+
+
+MEASURED_CAPACITY_ONLY = ("batchtune_slo_capacity_requests_per_second", "batchtune_slo_headroom_percent")
+"""Decision gauges set only when the chosen setting's SLO capacity was measured (docs/operator.md, metrics)."""
 
 
 def test_cluster_wide_service_account_rights(kube, helm, releases, namespace, wait_for):

@@ -155,3 +155,40 @@ def test_runs_on_a_read_only_root_with_only_tmp_writable(image: Image):
     version, modules = proc.stdout.split()
     assert version == VERSION and int(modules) > 10
     assert "Read-only file system" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(600)  # above the rebuild's own 540 s bound (a warm build: ~50 s quiet, ~160 s under load)
+def test_a_rebuild_of_the_same_sources_repeats_the_digest_the_archive_and_the_sbom(image: Image, tmp_path: Path):
+    """`make image` twice from one commit gives the same image: digest, archive bytes and SBOM.
+
+    The check is one more forced build of the same checkout into another out/ (the cached base root
+    filesystem is reused, so it costs a warm build: ~50 s on a quiet machine, ~160 s under load; the
+    debootstrap of the base is not repeated, and the base tarball is an input of both builds).
+    """
+    first = json.loads(INFO.read_text())
+    out = tmp_path / "out"
+    env = {**os.environ, "BATCHTUNE_IMAGE_FORCE": "1", "BATCHTUNE_IMAGE_OUT": str(out)}
+    build = subprocess.run(["hack/image/build"], cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    assert build.returncode == 0, build.stderr[-4000:]
+    again = json.loads((out / "batchtune-image.json").read_text())
+    assert again["inputs"] == first["inputs"], "the sources changed between the two builds"
+    assert again["digest"] == first["digest"]
+    assert again["archive_sha256"] == first["archive_sha256"]
+    assert (out / "batchtune-image.spdx.json").read_bytes() == (REPO / "out" / "batchtune-image.spdx.json").read_bytes()
+
+
+def test_the_sbom_lists_what_is_installed_inside(image: Image):
+    sbom = json.loads((image.rootfs / "opt" / "batchtune" / "sbom.spdx.json").read_text())
+    assert sbom["spdxVersion"] == "SPDX-2.3"
+    assert sbom == json.loads((REPO / "out" / "batchtune-image.spdx.json").read_text())
+    names = {p["name"]: p["versionInfo"] for p in sbom["packages"]}
+    assert names["batchtune"] == VERSION and "python3" in names and "dulwich" in names
+    freeze = image.run("/opt/batchtune/bin/python", "-c",
+                       "import importlib.metadata as m; print('\\n'.join(d.name + '==' + d.version "
+                       "for d in m.distributions()))").stdout.split()
+    for line in freeze:
+        name, _, version = line.partition("==")
+        assert names.get(name) == version, line
+    pinned = {line for line in (REPO / "hack" / "image" / "requirements.lock").read_text().splitlines()
+              if line and not line.startswith("#")}
+    assert {f"{n}=={v}" for n, v in (x.partition("==")[::2] for x in freeze) if n != "batchtune"} <= pinned

@@ -399,10 +399,11 @@ class FakeCluster:
         dep["metadata"]["resourceVersion"] = self.w.next_rv()
         return copy.deepcopy(dep)
 
-    def secret_value(self, namespace: str, name: str, key: str) -> str:
+    def secret_value(self, namespace: str, name: str, key: str, label: str | None = None,
+                     field: str = "spec.prometheus.authSecretRef") -> str:
         secret = self.w.secrets.get(name)
-        if secret is None or secret.get("labels", {}).get("batchtune.io/prometheus-token") != "true":
-            raise NotAllowed(f"spec.prometheus.authSecretRef: Secret {namespace}/{name} has not opted in")
+        if secret is None or secret.get("labels", {}).get(label or "batchtune.io/prometheus-token") != "true":
+            raise NotAllowed(f"{field}: Secret {namespace}/{name} has not opted in")
         return str(secret["data"][key])
 
     def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None:

@@ -12,6 +12,7 @@ KUBE_VERSION = os.environ.get("KUBE_VERSION", "v1.36.3")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "v3.6.16")
 HELM_VERSION = os.environ.get("HELM_VERSION", "v3.22.0")
 PROMETHEUS_VERSION = os.environ.get("PROMETHEUS_VERSION", "v0.316.0")
+ADAPTER_VERSION = os.environ.get("ADAPTER_VERSION", "v0.12.0")
 
 
 class MissingBinaries(RuntimeError):
@@ -49,6 +50,16 @@ def binaries() -> Binaries:
         prometheus=cache_dir() / f"prometheus-{PROMETHEUS_VERSION}" / "prometheus",
         openssl=Path(shutil.which("openssl") or "/usr/bin/openssl"),
     )
+
+
+def prometheus_adapter() -> Path:
+    """prometheus-adapter (custom metrics for an HPA); only the autoscaling test runs it, so it is not in
+    `Binaries` (a cluster starts without it). `MissingBinaries` when it is not built."""
+    path = cache_dir() / f"prometheus-adapter-{ADAPTER_VERSION}" / "adapter"
+    if not os.access(path, os.X_OK):
+        raise MissingBinaries(f"prometheus-adapter missing: {path}; run `make setup` (or hack/localcluster/build) to "
+                              f"build it into {cache_dir()}")
+    return path
 
 
 def require_binaries() -> Binaries:

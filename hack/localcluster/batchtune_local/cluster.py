@@ -240,6 +240,11 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:  # noqa: C901
     pki_dir = state / "pki"
     logs = state / "logs"
     pki.ensure_pki(pki_dir, bins.openssl)
+    # The aggregator's client certificate: extension API servers (a custom-metrics adapter for an HPA)
+    # trust the caller's identity it forwards in X-Remote-* headers. Issued once, kept with the PKI.
+    proxy_cert, proxy_key = pki_dir / "client-front-proxy-client.crt", pki_dir / "client-front-proxy-client.key"
+    if not (proxy_cert.exists() and proxy_key.exists()):
+        proxy_cert, proxy_key = pki.issue_client_cert(pki_dir, bins.openssl, "front-proxy-client")
     data_dirs = {name: state / name for name in ("etcd-data", "prometheus-data", "nodeagent")}
     for path in data_dirs.values():
         if path.exists() and not config.keep_data:
@@ -312,9 +317,10 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:  # noqa: C901
             f"--secure-port={ports['kube-apiserver']}",
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
             f"--client-ca-file={ca}", f"--token-auth-file={pki_dir / 'tokens.csv'}",
-            # Without a front-proxy CA every component logs "missing content for CA bundle"; no one holds
-            # a front-proxy-client certificate, so this admits nobody.
+            # The front proxy is the API server's own aggregator (its client certificate, CN front-proxy-client,
+            # signed by the cluster CA): extension API servers learn the real caller from its X-Remote-* headers.
             f"--requestheader-client-ca-file={ca}", "--requestheader-allowed-names=front-proxy-client",
+            f"--proxy-client-cert-file={proxy_cert}", f"--proxy-client-key-file={proxy_key}",
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             "--authorization-mode=RBAC",

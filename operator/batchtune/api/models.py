@@ -31,11 +31,15 @@ from pydantic_core import PydanticCustomError
 
 from batchtune import API_GROUP, API_VERSION
 from batchtune.core import tuning
+from batchtune.core.gitops import Manager
+from batchtune.core.gitwrite import ForgeType
+from batchtune.core.gitwrite import Layout as GitLayout
 from batchtune.core.objective import Objective
 from batchtune.core.planning import SearchSpace as CoreSearchSpace
 from batchtune.core.planning import doublings
 from batchtune.core.promql import LabelNames as CoreLabelNames
 from batchtune.core.promql import MetricNames as CoreMetricNames
+from batchtune.core.recommend import ContainerArgs as CoreContainerArgs
 from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import PERCENTILES, SloTargets
@@ -124,6 +128,9 @@ class ApplyMode(StrEnum):
     """Patch production, verify for a window, roll back on regression."""
     RECOMMEND = "Recommend"
     """Write the recommendation and ready patches only; production is untouched."""
+    PULL_REQUEST = "PullRequest"
+    """Write the change into a Git repository on a branch of its own (spec.apply.git), open a pull request where
+    a forge is configured, and verify production once it runs the merged change."""
 
 
 class ConditionStatus(StrEnum):
@@ -665,11 +672,64 @@ class PrometheusSpec(_Spec):
     """Label names on dcgm-exporter's metrics."""
 
 
+GIT_PATH = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*$"
+VALUES_KEY = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+
+class ForgeSpec(_Spec):
+    """The forge API that opens pull requests for the branches batchtune pushes."""
+
+    type: ForgeType
+    """GitHub, Gitea (also Forgejo) or GitLab."""
+    api_url: Annotated[Str, Field(min_length=1, max_length=2048), AfterValidator(_http_url)] | None = None
+    """Base URL of the forge's REST API; unset: derived from git.url (api.github.com or <host>/api/v3, <host>/api/v1,
+    <host>/api/v4). Must be under a Git URL the install allows."""
+
+
+class GitSpec(_Spec):
+    """The Git repository PullRequest mode writes the recommendation into."""
+
+    url: Annotated[Str, Field(min_length=1, max_length=2048), AfterValidator(_http_url)]
+    """The repository's smart-HTTP URL (https://host/owner/repo.git); must be under a Git URL the install allows."""
+    branch: Annotated[Str, Field(min_length=1, max_length=200, pattern=GIT_PATH)] = "main"
+    """The base branch: what production is deployed from, and what pull requests target."""
+    path: Annotated[Str, Field(min_length=1, max_length=1024, pattern=GIT_PATH)]
+    """In the repository: the kustomization's directory (Kustomize), the values file (HelmValues) or the manifest
+    file (Manifest)."""
+    layout: GitLayout
+    """Kustomize, HelmValues or Manifest."""
+    values_key: Annotated[Str, Field(min_length=1, max_length=256, pattern=VALUES_KEY)] | None = None
+    """HelmValues: the dotted key of the list holding the engine's flags (e.g. vllm.args)."""
+    credentials_secret_ref: SecretKeyRef | None = None
+    """Secret key holding the token (HTTP password for Git, and the forge API's token); the Secret must carry
+    the label batchtune.io/git-credentials: "true" in a namespace the install lets batchtune read Secrets in."""
+    username: Annotated[Str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._@-]+$")] = "batchtune"
+    """HTTP user name sent with the token (GitHub: any; GitLab: oauth2 or the token's user)."""
+    branch_prefix: Annotated[Str, Field(min_length=1, max_length=100, pattern=GIT_PATH)] = "batchtune"
+    """Branches are <branchPrefix>/<namespace>/<name>/g<generation>-r<round>."""
+    forge: ForgeSpec | None = None
+    """Open a pull request through this forge's API; unset: push the branch only."""
+
+    @model_validator(mode="after")
+    def _values_key_for_helm(self) -> GitSpec:
+        errors: list[tuple[str, Any, str]] = []
+        if self.layout is GitLayout.HELM_VALUES and not self.values_key:
+            errors.append(("valuesKey", None, "layout HelmValues needs valuesKey"))
+        _cross_field(errors)
+        return self
+
+
 class ApplySpec(_Spec):
     """What happens to production once the best setting is known."""
 
     mode: ApplyMode | None = None
-    """Auto or Recommend; unset: Auto, except Recommend when Argo CD or Flux manages the target."""
+    """Auto, Recommend or PullRequest; unset: PullRequest when git is set, Recommend when Argo CD, Flux or Helm
+    manages the target, else Auto. An Auto on a managed target runs only when autoUnderManagers lists the manager."""
+    git: GitSpec | None = None
+    """The Git repository PullRequest mode writes to."""
+    auto_under_managers: Annotated[list[Manager], AfterValidator(_no_duplicates), Field(max_length=3)] | None = None
+    """Managers (ArgoCD, Flux, Helm) set up to leave batchtune's fields alone (docs/gitops.md): Auto patches a
+    Deployment they manage; otherwise Auto becomes PullRequest (git set) or Recommend, with a condition naming them."""
     verify_seconds: Annotated[Int, Field(ge=10, le=86_400)] = 300
     """How long production is watched after a change, at least, before it counts as verified."""
     verify_min_requests: Annotated[Int, Field(ge=1, le=10_000_000)] = 50
@@ -689,6 +749,8 @@ class ApplySpec(_Spec):
         if self.verify_timeout_seconds < self.verify_seconds:
             errors.append(("verifyTimeoutSeconds", self.verify_timeout_seconds,
                            f"must be at least verifySeconds ({self.verify_seconds})"))
+        if self.mode is ApplyMode.PULL_REQUEST and self.git is None:
+            errors.append(("git", None, "mode PullRequest needs git (the repository to write to)"))
         _cross_field(errors)
         return self
 
@@ -1180,6 +1242,13 @@ class ContainerArgs(_Status):
     args: list[str] | None = None
     """The container's args."""
 
+    @classmethod
+    def of(cls, args: CoreContainerArgs) -> ContainerArgs:
+        return cls.model_validate(args.to_wire())
+
+    def core(self) -> CoreContainerArgs:
+        return CoreContainerArgs.of(self.model_dump(exclude_none=True))
+
 
 class Recommendation(_Status):
     """The chosen setting and ready-made ways to apply it."""
@@ -1231,6 +1300,33 @@ class AppliedRecord(_Status):
     """When the verify window passed without regression (or was kept by policy)."""
     rolled_back_at: datetime | None = None
     """When the change was rolled back."""
+
+
+class PullRequestRecord(_Status):
+    """PullRequest mode: the branch (and pull request) that carries the decision into Git."""
+
+    branch: str
+    """The decision's branch (<branchPrefix>/<namespace>/<name>/g<generation>-r<round>)."""
+    repository: str | None = None
+    """The repository URL (spec.apply.git.url when it was written)."""
+    base: str | None = None
+    """The base branch's commit the change was made on."""
+    commit: str | None = None
+    """The commit pushed to the branch; unset: not pushed yet."""
+    files: list[str] = Field(default_factory=list)
+    """The files the commit changes."""
+    number: Annotated[int, Field(ge=1)] | None = None
+    """The pull (merge) request's number, where a forge is configured."""
+    url: str | None = None
+    """The pull request's web page."""
+    state: str | None = None
+    """Open, Merged or Closed, as the forge last said (unset without a forge)."""
+    checked_at: datetime | None = None
+    """When the forge was last asked about the pull request."""
+    generation: Annotated[int, Field(ge=0)] | None = None
+    """The BatchTuning generation that proposed it."""
+    round: Annotated[int, Field(ge=1)] | None = None
+    """The round that proposed it."""
 
 
 class RoundRecord(_Status):
@@ -1360,6 +1456,9 @@ class BatchTuningStatus(_Status):
     """What planning found (re-planning from spec and this is deterministic)."""
     workload: WorkloadRecord | None = None
     """The workload the trials drive and the recommendation holds for."""
+    pull_request: PullRequestRecord | None = None
+    """PullRequest mode: the branch and pull request of the latest decision (kept across generations, so a later
+    decision can supersede it)."""
     applied: AppliedRecord | None = None
     """What was changed in production."""
     round: Annotated[int, Field(ge=1)] | None = None

@@ -14,19 +14,19 @@ from batchtune.core import protocol as core_protocol
 from batchtune.core.objective import Objective, objective_value
 from batchtune.core.planning import SearchSpace
 from batchtune.core.protocol import Conclusion, CurveLoad, ProtocolConfig, RunResult, production_peak_curve_load
+from batchtune.core.scrape import DEFAULT_SCRAPE_INTERVAL_SECONDS
 from batchtune.core.settings import Setting
 from batchtune.core.slo import SloTargets
 from batchtune.core.trial_loop import Run, RunFailure, TrialPlan, run_trial, search_results
 from batchtune.core.tuning import (
-    DEFAULT_SCRAPE_INTERVAL_SECONDS,
+    Load as LoadSpec,
+)
+from batchtune.core.tuning import (
     StrategyChoice,
     TrialTiming,
     TuningSpec,
     View,
     view_of,
-)
-from batchtune.core.tuning import (
-    Load as LoadSpec,
 )
 from batchtune.core.vocabulary import M, StepPurpose, Verdict
 

@@ -35,14 +35,6 @@ from batchtune.core.vocabulary import ConditionType, Phase, Reason, Verdict
 from batchtune.prometheus import PrometheusUnavailable
 
 
-def _record(args: ContainerArgs) -> ArgsRecord:
-    return ArgsRecord.model_validate(args.to_wire())
-
-
-def _args(record: ArgsRecord | None) -> ContainerArgs | None:
-    return None if record is None else ContainerArgs.of(record.model_dump(exclude_none=True))
-
-
 def policy(tick: Tick) -> VerifyPolicy:
     a = tick.spec.apply
     return VerifyPolicy(a.verify_seconds, a.verify_timeout_seconds, a.verify_min_requests, a.max_regression_percent,
@@ -62,7 +54,7 @@ def apply(tick: Tick) -> None:
     if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
         tick.target_changed(target)
         return
-    mode = tick.apply_decision(target)
+    mode = tick.mode_decision(target)
     if mode.forced:  # a controller took ownership of the target after the selection: never patched
         message = f"Recommended {tick.status.best_setting or 'the chosen setting'}, not applied ({mode.why})"
         tick.set_phase(Phase.RECOMMENDED, Reason.TARGET_OWNED, message)
@@ -76,18 +68,10 @@ def apply(tick: Tick) -> None:
         return
     if cooling_down(tick, target):
         return
+    if not tick.checkpointed(target, current, desired):
+        return  # production's window and exact args before touching it, checkpointed first
     applied = tick.status.applied
-    if applied is None or applied.before is None or _args(applied.previous) != current:
-        # Checkpoint production's window and exact args before touching it.
-        try:
-            before = tick.reader(target.engine).production_window(
-                tick.production(target), tick.now - timedelta(seconds=max(60, tick.spec.apply.verify_seconds)), tick.now)
-        except PrometheusUnavailable as exc:
-            tick.prometheus_down(exc)
-            return
-        tick.status.applied = AppliedRecord(generation=generation, target=target.name, previous=_record(current),
-                                            new=_record(desired), before={k: v for k, v in before.items() if v is not None})
-        return
+    assert applied is not None
     mark = AppliedMark(tick.tuning.name, uid, generation, str(target.container["name"]), current, desired, tick.now,
                        round=tick.status.round or 1)
     annotations = {ANNOTATION_APPLIED: mark.to_annotation(), ANNOTATION_APPLIED_AT: iso(tick.now)}
@@ -101,7 +85,7 @@ def apply(tick: Tick) -> None:
         return
     failpoints.reach("after-production-patch")  # the failover test's crash between the patch and its status write
     applied.applied_at = tick.now
-    applied.new = _record(desired)
+    applied.new = ArgsRecord.of(desired)
     label = tick.status.best_setting or setting.label()
     tick.event(False, Reason.RECOMMENDATION_APPLIED, f"Patched {tick.tuning.namespace}/{target.name} to {label}")
     tick.log.info("Applied %s to %s", label, target.name)
@@ -128,8 +112,8 @@ def cooling_down(tick: Tick, target: Target) -> bool:
 def resume_from_mark(tick: Tick, target: Target, mark: AppliedMark) -> None:
     """Status catches up with what production's own record says this generation did."""
     applied = tick.status.applied or AppliedRecord(generation=mark.generation, target=target.name)
-    applied.previous = _record(mark.previous)
-    applied.new = _record(mark.applied)
+    applied.previous = ArgsRecord.of(mark.previous)
+    applied.new = ArgsRecord.of(mark.applied)
     applied.applied_at = applied.applied_at or mark.applied_at
     tick.status.applied = applied
     if mark.state is MarkState.ROLLED_BACK:
@@ -148,13 +132,21 @@ def verify(tick: Tick) -> None:
     target = tick.target(applied.target if applied and applied.target else None)
     if target is None or applied is None or applied.applied_at is None:
         return
-    mark = AppliedMark.read(target.deployment)
-    if mark is None or not mark.by(tick.tuning.uid, tick.tuning.generation, tick.status.round or 1):
-        changed_by_others(tick, target.name, "its batchtune.io/applied record no longer names this BatchTuning")
-        return
-    if mark.state is not MarkState.APPLIED:
-        resume_from_mark(tick, target, mark)
-        return
+    if from_git(tick):
+        # PullRequest mode: no mark on production (Git wrote it); production must still run the proposed args.
+        mark = AppliedMark(tick.tuning.name, tick.tuning.uid, tick.tuning.generation, str(target.container["name"]),
+                           applied.previous.core() if applied.previous else ContainerArgs(None, None),
+                           applied.new.core() if applied.new else ContainerArgs(None, None), applied.applied_at,
+                           round=tick.status.round or 1)
+    else:
+        read = AppliedMark.read(target.deployment)
+        if read is None or not read.by(tick.tuning.uid, tick.tuning.generation, tick.status.round or 1):
+            changed_by_others(tick, target.name, "its batchtune.io/applied record no longer names this BatchTuning")
+            return
+        mark = read
+        if mark.state is not MarkState.APPLIED:
+            resume_from_mark(tick, target, mark)
+            return
     current = container_of(target.deployment, mark.container)
     if current is None or ContainerArgs.of(current) != mark.applied:
         changed_by_others(tick, target.name, "its container's command line is no longer what batchtune applied")
@@ -240,8 +232,28 @@ def inconclusive(tick: Tick, target: Target, mark: AppliedMark, requests: float 
     tick.event(True, reason, message)
 
 
+def from_git(tick: Tick) -> bool:
+    """Whether this round's production change came from Git (PullRequest mode), not from a patch of ours."""
+    record = tick.status.pull_request
+    return record is not None and record.generation == tick.tuning.generation and \
+        (record.round or 1) == (tick.status.round or 1)
+
+
+def regressed(tick: Tick, reason: Reason, message: str) -> None:
+    """Verify failed on a change Git made: batchtune cannot roll it back; it says what to revert."""
+    record = tick.status.pull_request
+    commit = f"commit {record.commit[:12]} ({record.branch})" if record and record.commit else "the merged change"
+    text = (f"{message}; production runs a change from Git, which batchtune does not overwrite: revert {commit} in "
+            "Git to restore the previous setting")
+    tick.condition(ConditionType.DEGRADED, True, reason, text)
+    tick.fail(reason, text)
+
+
 def set_mark(tick: Tick, target: Target, mark: AppliedMark) -> bool:
-    """Write the mark's new state onto production (annotations only); False on a conflict (next tick)."""
+    """Write the mark's new state onto production (annotations only); False on a conflict (next tick).
+    PullRequest mode writes nothing to production: the state lives in status alone."""
+    if from_git(tick):
+        return True
     patch = {"metadata": {"resourceVersion": target.resource_version,
                           "annotations": {ANNOTATION_APPLIED: mark.to_annotation()}}}
     try:
@@ -267,7 +279,8 @@ def restore(tick: Tick, target_name: str) -> Restore:
     if deployment is None:
         return Restore.NOTHING
     applied = tick.status.applied
-    decision, mark = rollback_decision(deployment, tick.tuning.uid, _args(applied.previous) if applied else None)
+    previous = applied.previous.core() if applied and applied.previous else None
+    decision, mark = rollback_decision(deployment, tick.tuning.uid, previous)
     if decision is not Restore.RESTORE:
         return decision
     assert mark is not None
@@ -282,6 +295,10 @@ def restore(tick: Tick, target_name: str) -> Restore:
 def rollback(tick: Tick, reason: Reason, message: str) -> None:
     applied = tick.status.applied
     assert applied is not None and applied.target is not None
+    if from_git(tick):
+        telemetry.ROLLBACKS.inc()
+        regressed(tick, reason, message)
+        return
     try:
         decision = restore(tick, applied.target)
     except Conflict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from batchtune.api import ContainerArgs, Knee, Recommendation, Setting, TrialRecord
 from batchtune.controller import records, telemetry
 from batchtune.controller.tick import Target, Tick
+from batchtune.core.gitops import Mode
 from batchtune.core.objective import Objective
 from batchtune.core.recommend import ContainerArgs as ProductionArgs
 from batchtune.core.recommend import kustomize_patch, production_args, recommend, replica_hint
@@ -87,15 +88,24 @@ def recommend_best(tick: Tick, target: Target, objective: Objective, best: Trial
         container=ContainerArgs.model_validate(rec.container.to_wire()))
     tick.status.best_trial = best.name
     tick.status.best_setting = setting.label()
-    mode = tick.apply_decision(target)
-    if mode.mode == "Recommend":
-        message = f"Recommended {setting.label()} ({mode.why}): {reason}" + _for(tick)
-        tick.set_phase(Phase.RECOMMENDED, Reason.TARGET_OWNED if mode.forced else Reason.RECOMMENDATION_READY,
-                       message)
-        tick.event(False, Reason.TARGET_OWNED if mode.forced else Reason.RECOMMENDATION_READY, message)
+    decision = tick.mode_decision(target)
+    if decision.downgraded:
+        tick.condition(ConditionType.DEGRADED, True, Reason.AUTO_DOWNGRADED, decision.why)
+        tick.event(True, Reason.AUTO_DOWNGRADED, decision.why)
+    if decision.mode is Mode.RECOMMEND:
+        message = f"Recommended {setting.label()} ({decision.why}): {reason}" + _for(tick)
+        why = Reason.TARGET_OWNED if decision.forced else Reason.RECOMMENDATION_READY
+        tick.set_phase(Phase.RECOMMENDED, why, message)
+        tick.event(False, why, message)
         submit_report(tick)
         return
-    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {setting.label()}: {reason}" + _for(tick))
+    if decision.mode is Mode.PULL_REQUEST:
+        tick.set_phase(Phase.PROPOSING, Reason.SELECTED, f"Selected {setting.label()} ({decision.why}); writing it to "
+                                                         f"Git: {reason}" + _for(tick))
+        submit_report(tick)
+        return
+    tick.set_phase(Phase.APPLYING, Reason.SELECTED, f"Selected {setting.label()} ({decision.why}): {reason}"
+                   + _for(tick))
     submit_report(tick)  # again when production has verified or rolled back (controller.reconcile)
 
 
@@ -141,7 +151,7 @@ def keep(tick: Tick, target: Target, objective: Objective, current: TrialRecord,
         container=ContainerArgs.model_validate(runs.to_wire()))
     tick.status.best_trial = current.name
     tick.status.best_setting = current.setting.summary()
-    phase = Phase.RECOMMENDED if tick.apply_mode(target) == "Recommend" else Phase.SUCCEEDED
+    phase = Phase.SUCCEEDED if tick.apply_mode(target) == Mode.AUTO else Phase.RECOMMENDED
     message = f"Kept production's setting ({current.setting.summary()}): {judged.message}" + _for(tick)
     tick.set_phase(phase, judged.reason, message)
     submit_report(tick)  # after the phase, so the page names it

@@ -15,7 +15,9 @@ from typing import Any
 import kopf
 
 from batchtune import API_GROUP, API_VERSION, PLURAL
+from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import kube, retune, telemetry
+from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Install, Ports
@@ -55,6 +57,9 @@ def install_from_env() -> Install:
         prometheus_urls=listed("BATCHTUNE_ALLOWED_PROMETHEUS_URLS"),
         max_gpu_minutes=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
         secret_label=os.environ.get("BATCHTUNE_SECRET_LABEL", "batchtune.io/prometheus-token"),
+        git_urls=listed("BATCHTUNE_ALLOWED_GIT_URLS"),
+        git_secret_label=os.environ.get("BATCHTUNE_GIT_SECRET_LABEL", "batchtune.io/git-credentials"),
+        argocd_instance_labels=listed("BATCHTUNE_ARGOCD_INSTANCE_LABELS") or Install.argocd_instance_labels,
         # An override; unset, each tuning's planning reads the interval from its Prometheus (core/scrape.py).
         scrape_interval_seconds=float(os.environ["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"])
         if os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") else None,
@@ -214,10 +219,30 @@ def tuning(body: kopf.Body) -> Tuning:
 
 # ---- the loop ---------------------------------------------------------------------------------
 
+EXPORTED_VERSIONS: dict[tuple[str, str], str] = {}
+"""The resourceVersion each BatchTuning's decision gauges were last set from (parsed again only when it changes)."""
+
+
+def export_decision(body: kopf.Body) -> None:
+    """The decision gauges (`telemetry.export_decision`) from the BatchTuning as read, terminal ones included."""
+    meta = body["metadata"]
+    key = (str(meta["namespace"]), str(meta["name"]))
+    version = str(meta.get("resourceVersion") or "")
+    if version and EXPORTED_VERSIONS.get(key) == version:
+        return
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except InvalidBatchTuning:
+        spec = None
+    telemetry.export_decision(*key, spec, status_io.load(body.get("status")))
+    EXPORTED_VERSIONS[key] = version
+
+
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
 def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
     status = body.get("status") or {}
+    export_decision(body)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
         status.get("observedGeneration") == body["metadata"].get("generation")
     the_ports = ports(kwargs)
@@ -239,6 +264,8 @@ def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any)
 def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     from batchtune.controller.ports import Conflict
 
+    EXPORTED_VERSIONS.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+    telemetry.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         on_delete(tuning(body), ports(kwargs), datetime.now(UTC), logger)
     except Conflict as exc:

@@ -252,22 +252,24 @@ class KubeCluster:
                 return None
             raise
 
-    def secret_value(self, namespace: str, name: str, key: str) -> str:
+    def secret_value(self, namespace: str, name: str, key: str, label: str | None = None,
+                     field: str = "spec.prometheus.authSecretRef") -> str:
+        label = label or self.secret_label
         try:
             secret = client.CoreV1Api(api()).read_namespaced_secret(name, namespace)
         except ApiException as exc:
             if exc.status in (403, 404):
-                raise NotAllowed(f"spec.prometheus.authSecretRef: Secret {namespace}/{name} cannot be read "
+                raise NotAllowed(f"{field}: Secret {namespace}/{name} cannot be read "
                                  f"(HTTP {exc.status}); the install grants Secret reads only in the namespaces it "
                                  "lists (Helm value prometheus.authSecretNamespaces)") from None
             raise
         labels = (secret.metadata.labels or {}) if secret.metadata else {}
-        if labels.get(self.secret_label) != "true":
-            raise NotAllowed(f"spec.prometheus.authSecretRef: Secret {namespace}/{name} has not opted in to batchtune "
-                             f"(label {self.secret_label}: \"true\")")
+        if labels.get(label) != "true":
+            raise NotAllowed(f"{field}: Secret {namespace}/{name} has not opted in to batchtune "
+                             f"(label {label}: \"true\")")
         data = (secret.data or {}).get(key)
         if data is None:
-            raise NotAllowed(f"spec.prometheus.authSecretRef.key: Secret {namespace}/{name} has no key {key!r}")
+            raise NotAllowed(f"{field}.key: Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data).decode()
 
     # ---- writes ---------------------------------------------------------------------------

@@ -26,6 +26,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="an image spec.load.image may name besides the operator's own (repeatable)")
     p.add_argument("--allowed-prometheus-url", action="append", default=[],
                    help="a URL prefix spec.prometheus.url must start with (repeatable; none: any non-link-local URL)")
+    p.add_argument("--allowed-git-url", action="append", default=[],
+                   help="a URL prefix spec.apply.git.url and forge.apiUrl must start with (repeatable; none: no "
+                        "PullRequest mode)")
+    p.add_argument("--argocd-instance-label", action="append", default=[],
+                   help="a label Argo CD's label tracking uses here (repeatable; default app.kubernetes.io/instance "
+                        "and argocd.argoproj.io/instance)")
     p.add_argument("--max-gpu-minutes", type=int, default=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
                    help="ceiling on one BatchTuning's GPU-minutes (default %(default)s)")
     p.add_argument("--leader-elect", action="store_true",
@@ -81,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ["BATCHTUNE_MAX_GPU_MINUTES"] = str(args.max_gpu_minutes)
     if args.allowed_load_image:
         os.environ["BATCHTUNE_ALLOWED_LOAD_IMAGES"] = ",".join(args.allowed_load_image)
+    if args.allowed_git_url:
+        os.environ["BATCHTUNE_ALLOWED_GIT_URLS"] = ",".join(args.allowed_git_url)
+    if args.argocd_instance_label:
+        os.environ["BATCHTUNE_ARGOCD_INSTANCE_LABELS"] = ",".join(args.argocd_instance_label)
     if args.allowed_prometheus_url:
         os.environ["BATCHTUNE_ALLOWED_PROMETHEUS_URLS"] = ",".join(args.allowed_prometheus_url)
     from batchtune.controller import handlers, telemetry  # noqa: F401  # importing registers the handlers

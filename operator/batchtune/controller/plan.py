@@ -186,7 +186,7 @@ def plan(tick: Tick) -> None:
 
 def owned_note(tick: Tick, target: Target) -> list[str]:
     """A heads-up in the plan when the tuning will end in a recommendation whatever spec.apply.mode says."""
-    mode = tick.apply_decision(target)
+    mode = tick.mode_decision(target)
     return [f"Will recommend only: {mode.why}"[:1000]] if mode.forced else []
 
 

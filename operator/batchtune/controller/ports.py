@@ -80,8 +80,10 @@ class Cluster(Protocol):
     def patch_deployment(self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
         """A strategic-merge patch that applies only if the Deployment is still at `resource_version`."""
 
-    def secret_value(self, namespace: str, name: str, key: str) -> str:
-        """A key of a Secret that opted in to batchtune; `NotAllowed` otherwise."""
+    def secret_value(self, namespace: str, name: str, key: str, label: str | None = None,
+                     field: str = "spec.prometheus.authSecretRef") -> str:
+        """A key of a Secret that opted in to batchtune (`label`: "true"; None: the Prometheus label); `NotAllowed`
+        otherwise, naming `field`."""
 
     def event(self, namespace: str, name: str, uid: str, type_: str, reason: str, message: str) -> None: ...
 
@@ -140,7 +142,13 @@ class Install:
     max_gpu_minutes: int = 2880
     """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
     secret_label: str = "batchtune.io/prometheus-token"
-    """A Secret is read only if it carries this label with value "true"."""
+    """A Secret is read for spec.prometheus.authSecretRef only if it carries this label with value "true"."""
+    git_urls: tuple[str, ...] = ()
+    """URL prefixes spec.apply.git.url (and forge.apiUrl) may start with; empty: PullRequest mode is not allowed."""
+    git_secret_label: str = "batchtune.io/git-credentials"
+    """A Secret is read for spec.apply.git.credentialsSecretRef only if it carries this label with value "true"."""
+    argocd_instance_labels: tuple[str, ...] = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance")
+    """Labels Argo CD's label tracking uses on this cluster (its default and argocd-cm application.instanceLabelKey)."""
     scrape_interval_seconds: float | None = None
     """An override of Prometheus' scrape interval for the engine's pods (a window needs two scrapes to be
     measured); None: read from Prometheus at planning (`core.scrape`)."""
@@ -148,6 +156,22 @@ class Install:
     """Prometheus needs a couple of scrapes after a run ends before the window is complete."""
     measurement_deadline_seconds: int = 600
     """A run whose figures Prometheus cannot give this long after it ended fails its trial."""
+
+
+class GitPorts:
+    """Git repositories and forges (`controller.gitremote`, `controller.forge`); the tests use the same, against a
+    real Git server on loopback."""
+
+    def remote(self, url: str, username: str | None, token: str | None) -> Any:
+        from batchtune.controller.gitremote import Credentials, GitRemote
+
+        return GitRemote(url, Credentials(username or "batchtune", token) if token else None)
+
+    def forge(self, kind: str, api: str, repo_url: str, token: str) -> Any:
+        from batchtune.controller.forge import Forge
+        from batchtune.core.gitwrite import ForgeType
+
+        return Forge(ForgeType(kind), api, repo_url, token)
 
 
 @dataclass
@@ -159,3 +183,5 @@ class Ports:
     engines: Sequence[Engine] = ()
     twin: Twin = field(default_factory=InlineTwin)
     """Where TwinGuided's advice is computed (the operator: a background worker)."""
+    git: GitPorts = field(default_factory=GitPorts)
+    """PullRequest mode's repositories and forges."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import apply as applying
-from batchtune.controller import retune
+from batchtune.controller import gitdelivery, retune
 from batchtune.controller import status as status_io
 from batchtune.controller.decide import select, submit_report
 from batchtune.controller.plan import plan
@@ -30,6 +30,7 @@ from batchtune.core.vocabulary import Phase, Reason
 STEPS = {
     Phase.PENDING: plan, Phase.PLANNING: plan, Phase.TRIALING: trials, Phase.SELECTING: select,
     Phase.APPLYING: applying.apply, Phase.VERIFYING: applying.verify,
+    Phase.PROPOSING: gitdelivery.propose, Phase.AWAITING_MERGE: gitdelivery.await_merge,
 }
 
 
@@ -112,6 +113,7 @@ def restart(tick: Tick) -> None:
     conditions = tick.status.conditions
     fresh = status_io.load({})
     fresh.next_trial_index = kept
+    fresh.pull_request = tick.status.pull_request  # a later decision supersedes its branch
     fresh.conditions = conditions
     fresh.observed_generation = tick.tuning.generation
     tick.status = fresh

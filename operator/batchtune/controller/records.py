@@ -23,8 +23,8 @@ from batchtune.api import (
     TwinRecord,
     WorkloadRecord,
 )
-from batchtune.api.models import BatchTuningStatus, LoadSpec, RoundRecord, camel
-from batchtune.core import protocol
+from batchtune.api.models import BatchTuningSpec, BatchTuningStatus, LoadSpec, RoundRecord, camel
+from batchtune.core import autoscale, protocol
 from batchtune.core.guidance import KEPT_PREDICTIONS, Agreement, Predicted, TwinAdvice, measured
 from batchtune.core.objective import Objective, objective_value
 from batchtune.core.outcomes import HistoryEntry, StepObservation, TrialOutcome
@@ -34,7 +34,7 @@ from batchtune.core.retune import RoundVerdict, finite
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.trial_loop import Step
 from batchtune.core.tuning import View
-from batchtune.core.vocabulary import Reason, StepPurpose, TrialState, Verdict
+from batchtune.core.vocabulary import M, Reason, StepPurpose, TrialState, Verdict
 
 if TYPE_CHECKING:
     from batchtune.engines import Engine
@@ -207,6 +207,17 @@ def current_is_candidate(status: BatchTuningStatus, view: View, engine: Engine, 
         return False
     rewritten = engine.rewrite(container, setting, view.spec.extra_args)
     return all(rewritten.get(k) == container.get(k) for k in ("command", "args"))
+
+
+def capacity(namespace: str, name: str, spec: BatchTuningSpec, status: BatchTuningStatus) -> autoscale.Capacity:
+    """The SLO capacity per replica the recommendation was measured at, as an autoscaler's target
+    (`autoscale.NoCapacity` when there is none)."""
+    rec = status.recommendation
+    trials = [autoscale.Measured(t.setting.core(), t.state is TrialState.DONE, (t.metrics or {}).get(M.SLO_CAPACITY))
+              for t in status.trials]
+    return autoscale.capacity(f"{namespace}/{name}", namespace, spec.target_ref.name,
+                              rec.setting.core() if rec else None, trials, spec.slo.headroom_percent,
+                              rec.replicas_hint if rec else None)
 
 
 # ---- the twin's advice (strategy TwinGuided) -----------------------------------------------------------------

@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
+from batchtune.api import AppliedRecord, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
+from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import status as status_io
 from batchtune.controller import telemetry
 from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
 from batchtune.core import ownership, scrape
+from batchtune.core.gitops import Mode, ModeDecision, detect, resolve_mode
 from batchtune.core.manifests import LABEL_TUNING
-from batchtune.core.ownership import ApplyMode
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
+from batchtune.core.recommend import ContainerArgs
 from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
@@ -216,14 +218,21 @@ class Tick:
                              if LABEL_TUNING not in ((p["metadata"].get("labels")) or {})))
         return Production(self.tuning.namespace, names)
 
-    def apply_decision(self, target: Target) -> ApplyMode:
-        """Auto or Recommend and why (`core.ownership`): never Auto on a target a controller owns; spec.apply.mode,
-        else Recommend when Argo CD or Flux manages the target."""
-        return ownership.apply_mode(self.spec.apply.mode.value if self.spec.apply.mode else None, target.deployment)
+    def mode_decision(self, target: Target) -> ModeDecision:
+        """The apply mode that runs, and why: never Auto on a target a controller owns (`core.ownership`); else
+        spec.apply.mode, what manages the target, spec.apply.git (`core.gitops.resolve_mode`)."""
+        a = self.spec.apply
+        spec_mode = a.mode.value if a.mode else None
+        found = detect(target.deployment, str(target.container.get("name") or ""),
+                       self.ports.install.argocd_instance_labels)
+        owned = ownership.apply_mode(spec_mode, target.deployment)
+        if owned.forced:
+            return ModeDecision(Mode.RECOMMEND, owned.why, detection=found, forced=True)
+        return resolve_mode(spec_mode, a.git is not None, found, [m.value for m in a.auto_under_managers or ()])
 
     def apply_mode(self, target: Target) -> str:
-        """Auto or Recommend (`apply_decision`'s mode)."""
-        return self.apply_decision(target).mode
+        """Auto, Recommend or PullRequest (`mode_decision`)."""
+        return self.mode_decision(target).mode.value
 
     # ---- trials ----------------------------------------------------------------------------
 
@@ -269,6 +278,25 @@ class Tick:
         if result.profile is None:
             return result.problem or "no profile"
         return WorkloadRecord.of(result.profile, self.now)
+
+    def checkpointed(self, target: Target, current: ContainerArgs, desired: ContainerArgs) -> bool:
+        """Whether status.applied holds production's window and exact args from before the change (what verify
+        compares against). If not, they are read and recorded now and this tick's step ends (False); so does an
+        unreachable Prometheus."""
+        applied = self.status.applied
+        if applied is not None and applied.before is not None and applied.previous is not None and \
+                applied.previous.core() == current:
+            return True
+        since = self.now - timedelta(seconds=max(60, self.spec.apply.verify_seconds))
+        try:
+            before = self.reader(target.engine).production_window(self.production(target), since, self.now)
+        except PrometheusUnavailable as exc:
+            self.prometheus_down(exc)
+            return False
+        self.status.applied = AppliedRecord(generation=self.tuning.generation, target=target.name,
+                                            previous=ArgsRecord.of(current), new=ArgsRecord.of(desired),
+                                            before={k: v for k, v in before.items() if v is not None})
+        return False
 
     def production_peak(self, target: Target) -> tuple[float | None, str]:
         """Production's observed peak request rate (all replicas together) and where it came from

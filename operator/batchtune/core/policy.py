@@ -23,7 +23,20 @@ def _shown(value: str, limit: int = 120) -> str:
 
 def prometheus_url_problem(url: str, allowed_prefixes: Sequence[str]) -> str | None:
     """Why `spec.prometheus.url` may not be queried, or None."""
-    field = "spec.prometheus.url"
+    return _url_problem(url, allowed_prefixes, "spec.prometheus.url", "Prometheus URL", "prometheus.allowedUrls",
+                        "spec.prometheus.authSecretRef")
+
+
+def git_url_problem(url: str, allowed_prefixes: Sequence[str], field: str = "spec.apply.git.url") -> str | None:
+    """Why a Git repository (or forge API) URL may not be used, or None. No prefixes: no Git at all."""
+    if not allowed_prefixes:
+        return (f"{field} {_shown(url)}: this install allows no Git repository (Helm value git.allowedUrls); "
+                "use spec.apply.mode Recommend")
+    return _url_problem(url, allowed_prefixes, field, "Git URL", "git.allowedUrls", "spec.apply.git.credentialsSecretRef")
+
+
+def _url_problem(url: str, allowed_prefixes: Sequence[str], field: str, what: str, helm_value: str,
+                 secret_field: str) -> str | None:
     if any(ord(c) < 33 or ord(c) == 127 for c in url):
         return f"{field} {_shown(url)} contains whitespace or control characters"
     try:
@@ -35,7 +48,7 @@ def prometheus_url_problem(url: str, allowed_prefixes: Sequence[str]) -> str | N
     if parts.scheme not in ("http", "https") or not host:
         return f"{field} {_shown(url)} must be an http:// or https:// URL with a host"
     if parts.username or parts.password:
-        return f"{field} {_shown(url)} must not carry credentials (use spec.prometheus.authSecretRef)"
+        return f"{field} {_shown(url)} must not carry credentials (use {secret_field})"
     if host.lower().rstrip(".") in _METADATA_HOSTS:
         return f"{field} {_shown(url)} points at a cloud metadata service"
     try:
@@ -45,8 +58,8 @@ def prometheus_url_problem(url: str, allowed_prefixes: Sequence[str]) -> str | N
     if address is not None and (address.is_link_local or address.is_multicast or address.is_unspecified):
         return f"{field} {_shown(url)} points at a link-local, multicast or unspecified address"
     if allowed_prefixes and not any(url.startswith(prefix) for prefix in allowed_prefixes):
-        return (f"{field} {_shown(url)} is not under a Prometheus URL this install allows "
-                f"({', '.join(allowed_prefixes)}; Helm value prometheus.allowedUrls)")
+        return (f"{field} {_shown(url)} is not under a {what} this install allows "
+                f"({', '.join(allowed_prefixes)}; Helm value {helm_value})")
     return None
 
 

@@ -25,8 +25,6 @@ SAMPLES_FLOOR = 2 * MIN_SAMPLES
 """Requests the first open-loop step of a capacity search should hold in its window (twice what a verdict needs)."""
 TRACE_AS_IS_PERCENT = 100
 """A trace replayed at 100% of its speed is replayed as is (the capacity search may speed it up)."""
-DEFAULT_SCRAPE_INTERVAL_SECONDS = 15.0
-"""The chart's prometheus.scrapeIntervalSeconds (the operator's when the install sets none)."""
 BRACKET_SCRAPES = 3
 """A defaulted bracketing window spans at least this many scrape intervals (a rate needs two samples in it)."""
 
