@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "batchtune"
 NAMESPACE = "batchtune-system"
 
+pytestmark = pytest.mark.binaries  # helm from hack/localcluster/build: hack/test-suite runs these after the build
+
 
 def _helm() -> str:
     helm = os.environ.get("HELM") or str(binaries().helm)
