@@ -413,7 +413,7 @@ def test_spec_change_replans_and_deletion_during_verify_restores_production(kube
     assert owned_objects(kube, namespace, "tune") == []
 
 
-@pytest.mark.timeout(420)  # above 240 s for the tuning
+@pytest.mark.timeout(600)  # above 420 s for the tuning
 def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(kube, namespace, operator,
                                                                                 prometheus_url, wait_for):
     prod = production(namespace)
@@ -423,7 +423,7 @@ def test_twin_guided_calibrates_on_a_trial_and_shows_predicted_against_measured(
     wait_ready(kube, namespace, "llm", wait_for)
     apply(kube, batchtuning(namespace, prometheus_url, name="twin", apply={"mode": "Recommend"},
                             strategy={"type": "TwinGuided", "maxTrials": 3, "maxParallelTrials": 1}))
-    bt = wait_phase(kube, namespace, "twin", {"Recommended", "Failed", "Succeeded"}, 240, operator)
+    bt = wait_phase(kube, namespace, "twin", {"Recommended", "Failed", "Succeeded"}, 420, operator)
     status = bt["status"]
     assert status["phase"] == "Recommended", json.dumps(status, indent=1)[-3000:]
     twin = status["twin"]
