@@ -29,7 +29,7 @@ from batchtune.core.production import (
     rollback_decision,
     rollout_complete,
 )
-from batchtune.core.recommend import ContainerArgs, production_args
+from batchtune.core.recommend import ContainerArgs
 from batchtune.core.verify import Next, VerifyPolicy
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, Verdict
 from batchtune.prometheus import PrometheusUnavailable
@@ -61,11 +61,10 @@ def apply(tick: Tick) -> None:
         tick.event(True, Reason.TARGET_OWNED, message)
         return
     setting = tick.status.recommendation.setting.core()
-    desired = production_args(target.engine, target.container, setting, tick.view.spec.extra_args)
-    current = ContainerArgs.of(target.container)
-    if current == desired:
-        tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
+    change = tick.args_change(target)
+    if change is None:
         return
+    current, desired = change
     if cooling_down(tick, target):
         return
     if not tick.checkpointed(target, current, desired):

@@ -27,7 +27,7 @@ from batchtune.controller.tick import Target, Tick
 from batchtune.core import gitwrite
 from batchtune.core.policy import git_url_problem
 from batchtune.core.production import rollout_complete
-from batchtune.core.recommend import ContainerArgs, kustomize_patch, production_args
+from batchtune.core.recommend import ContainerArgs, kustomize_patch
 from batchtune.core.settings import Setting
 from batchtune.core.vocabulary import M, Phase, Reason, TrialState
 
@@ -122,11 +122,10 @@ def propose(tick: Tick) -> None:
     if target is None:
         return
     setting = tick.status.recommendation.setting.core()
-    desired = production_args(target.engine, target.container, setting, tick.view.spec.extra_args)
-    current = ContainerArgs.of(target.container)
-    if current == desired:
-        tick.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
+    change = tick.args_change(target)
+    if change is None:
         return
+    current, desired = change
     if not tick.checkpointed(target, current, desired):
         return  # production's window and exact args before the change (what verify compares against) first
     remote, forge = connect(tick)

@@ -24,7 +24,7 @@ from batchtune.core.gitops import Mode, ModeDecision, detect, resolve_mode
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
-from batchtune.core.recommend import ContainerArgs
+from batchtune.core.recommend import ContainerArgs, production_args
 from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
@@ -278,6 +278,18 @@ class Tick:
         if result.profile is None:
             return result.problem or "no profile"
         return WorkloadRecord.of(result.profile, self.now)
+
+    def args_change(self, target: Target) -> tuple[ContainerArgs, ContainerArgs] | None:
+        """(production's args, its args with the recommendation), or None when production already runs the
+        recommendation (then Succeeded, AlreadyOptimal): the step Auto (apply) and PullRequest (gitdelivery) share."""
+        assert self.status.recommendation is not None
+        setting = self.status.recommendation.setting.core()
+        desired = production_args(target.engine, target.container, setting, self.view.spec.extra_args)
+        current = ContainerArgs.of(target.container)
+        if current == desired:
+            self.set_phase(Phase.SUCCEEDED, Reason.ALREADY_OPTIMAL, "Production already runs the chosen setting")
+            return None
+        return current, desired
 
     def checkpointed(self, target: Target, current: ContainerArgs, desired: ContainerArgs) -> bool:
         """Whether status.applied holds production's window and exact args from before the change (what verify
