@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -343,6 +344,39 @@ def test_a_wait_for_the_api_server_ends_when_the_engine_said(boot_s):
     ttfts, restarts = run(go())
     assert restarts == 0
     assert ttfts == pytest.approx([engine_side_ttft(p) for p in prompts], abs=1e-9)
+
+
+def test_an_idle_engine_starts_at_the_arrival_however_late_the_host_wakes_it():
+    """A busy host wakes the step loop late; the simulated GPU was idle at the arrival and starts then. Regression:
+    the first step started at the wake-up, so every request on an idle engine gained the host's scheduling delay
+    (times the time scale) in its TTFT: +12 ms simulated on a loaded CI machine."""
+    cfg = ServeConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-SXM", max_num_seqs=64, max_model_len=4096)
+    engine = SimEngine(cfg)
+    engine.add_request("r", 256, 4, 0.0)
+    now = 0.0
+    while not (out := engine.step(now)).emitted:
+        now += out.duration_s
+    engine_side = now + out.duration_s
+
+    async def go():
+        server = TwinServer(SimEngine(cfg), ServerOptions(served_model_name="m", port=0, time_scale=2.0,
+                                                          stats_log_interval_s=0), on_log=lambda *_a: None)
+        await server.start()
+        server.mark_ready()
+        ttfts = []
+        try:
+            for _ in range(3):
+                stream = server.submit(256, 4)
+                time.sleep(0.02)  # the host busy elsewhere: the loop runs nothing for 20 ms
+                while not await stream.queue.get():
+                    pass
+                ttfts.append(stream.first_sim - stream.arrival_sim)
+                await asyncio.sleep(0.05)  # idle again
+        finally:
+            await server.stop()
+        return ttfts
+
+    assert run(go()) == pytest.approx([engine_side] * 3, abs=1e-9)
 
 
 def test_engine_death_ends_open_streams_and_fails_health():

@@ -205,6 +205,8 @@ class TwinServer:
         """Wall time at which the current step ends (None while idle)."""
         self._sim_deadline = 0.0
         """The same moment in simulated seconds: where the engine's clock stands."""
+        self._idle_arrival: float | None = None
+        """Simulated arrival of the first request since the engine went idle: where its next step starts."""
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
         self._activity = _Activity()
@@ -273,9 +275,11 @@ class TwinServer:
                 await self._work.wait()
                 continue
             wall = loop()
-            if self._deadline is None or wall - self._deadline > MAX_LAG_S:
-                if self._deadline is not None:
-                    self.timing.restarts += 1
+            if self._deadline is None:  # from idle: the GPU starts at the first arrival, not when the host woke
+                start = self.sim_time(wall) if self._idle_arrival is None else self._idle_arrival
+                self._deadline, self._sim_deadline, self._idle_arrival = self.wall_time(start), start, None
+            if wall - self._deadline > MAX_LAG_S:
+                self.timing.restarts += 1
                 self._deadline, self._sim_deadline = wall, self.sim_time(wall)
             sim_start = self._sim_deadline
             try:
@@ -372,6 +376,8 @@ class TwinServer:
         wall = self._now()
         # A request that arrives while the loop is late counts as arriving at the next step start.
         arrival = self.sim_time(wall) if self._deadline is None else min(self.sim_time(wall), self._sim_deadline)
+        if self._deadline is None and self._idle_arrival is None:
+            self._idle_arrival = arrival
         req_id = f"req-{next(self._ids)}"
         stream = _Stream(req_id, prompt_tokens, max_tokens, reason_at_end, arrival)
         self._streams[req_id] = stream
