@@ -17,7 +17,7 @@ from typing import Any
 
 from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import apply as applying
-from batchtune.controller import gitdelivery, retune
+from batchtune.controller import gitdelivery, records, retune
 from batchtune.controller import status as status_io
 from batchtune.controller.decide import select, submit_report
 from batchtune.controller.plan import plan
@@ -105,6 +105,7 @@ def restart(tick: Tick) -> None:
     conditions = tick.status.conditions
     fresh = status_io.load({})
     fresh.next_trial_index = kept
+    records.carry_gpu_minutes(tick.status, fresh, tick.now)  # the budget is the BatchTuning's, not the generation's
     fresh.pull_request = tick.status.pull_request  # a later decision supersedes its branch
     fresh.conditions = conditions
     fresh.observed_generation = tick.tuning.generation
