@@ -141,3 +141,84 @@ def test_the_kills_land_in_every_kind_of_moment():
     phases = {w.split(":", 1)[0] for w in where}
     assert {"create Deployment", "create Job", "delete Job", "patch production", "status write"} <= kinds, kinds
     assert {"Trialing", "Applying", "Verifying"} <= phases, phases
+
+
+# ---- a kill after the production patch, then a spec edit, a delete or a new round before the next tick ---------
+
+
+class DiesAfterProductionPatch(FakeCluster):
+    """The operator dies right after patching production's args: the patch stands, the tick's status write is lost."""
+
+    def patch_deployment(self, namespace, name, patch, resource_version):  # type: ignore[no-untyped-def]
+        result = super().patch_deployment(namespace, name, patch, resource_version)
+        if (patch.get("spec") or {}).get("template"):
+            raise Killed()
+        return result
+
+
+def kill_after_production_patch(w: World) -> None:
+    """Tick until the operator patches production and dies before writing status; status stays as it was."""
+    for _ in range(400):
+        ports = w.ports()
+        ports.cluster = DiesAfterProductionPatch(w)
+        try:
+            w.apply(reconcile(w.tuning(), ports, w.now, logging.getLogger("chaos")))
+        except Killed:
+            reset_backoff()
+            w.now += timedelta(seconds=5)
+            return
+        w.now += timedelta(seconds=5)
+        w.settle()
+    raise AssertionError(f"production was never patched: {w.phase}")
+
+
+def args_of(w: World) -> list[str]:
+    return list(w.deployments["llm"]["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def unverified_change_left(w: World) -> AppliedMark:
+    mark = AppliedMark.read(w.deployments["llm"])
+    assert mark is not None and mark.state is MarkState.APPLIED and w.status.get("applied", {}).get("appliedAt") is None
+    return mark
+
+
+def test_killed_after_the_patch_then_a_spec_edit_restores_the_original_args_first_and_rolls_back_to_them():
+    w = tuning_world()
+    original = args_of(w)
+    kill_after_production_patch(w)
+    assert args_of(w) != original and unverified_change_left(w).generation == 1
+    w.generation = 2  # edited before the operator ran again
+    w.bt_spec["slo"]["headroomPercent"] = 5
+    w.tick()
+    assert args_of(w) == original, "the next generation planned over the old generation's unverified change"
+    assert AppliedMark.read(w.deployments["llm"]).state is MarkState.ROLLED_BACK
+    assert any(reason == "RolledBack" for _, reason, _ in w.events)
+    # Generation 2's own change regresses: its rollback restores the original args, not generation 1's change.
+    def figures(dep, start, end):  # type: ignore[no-untyped-def]
+        changed = dep["spec"]["template"]["spec"]["containers"][0]["args"] != original
+        return {"itlMs": 500.0 if changed else 15.0, "ttftMs": 100.0, "e2eMs": 1000.0, "errorRatePercent": 0.0,
+                "servedSharePercent": 100.0, "requests": 500.0}
+    w.production_figures = figures
+    assert w.run_until(TERMINAL) == "RolledBack"
+    assert w.status["applied"]["generation"] == 2 and w.status["applied"]["previous"]["args"] == original
+    assert args_of(w) == original
+
+
+def test_killed_after_the_patch_then_deleted_restores_production_from_its_mark():
+    w = tuning_world()
+    original = args_of(w)
+    kill_after_production_patch(w)
+    unverified_change_left(w)
+    w.delete()
+    assert args_of(w) == original
+    assert AppliedMark.read(w.deployments["llm"]).state is MarkState.ROLLED_BACK
+    assert w.deployments.keys() == {"llm"}
+
+
+def test_killed_after_the_patch_then_deleted_with_status_naming_no_target_still_restores():
+    w = tuning_world()
+    original = args_of(w)
+    kill_after_production_patch(w)
+    w.status.pop("applied", None)  # status never got as far as the checkpoint's write (or lost it)
+    w.delete()
+    assert args_of(w) == original

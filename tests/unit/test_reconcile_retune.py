@@ -368,3 +368,27 @@ def test_killed_mid_round_it_resumes_to_the_same_decision(seed):
     assert sum(1 for t in w.status["trials"] if t.get("current")) == 1
     mark = AppliedMark.read(w.deployments["llm"])
     assert mark.round == 2 and mark.state is MarkState.VERIFIED
+
+
+def test_killed_after_a_round_patch_then_a_new_round_restores_the_unverified_change_before_planning():
+    """Round 2 patches production and the operator dies before its status write; status is then the decided round 1
+    (the patching tick's write lost, status set back as a backup restore or a status writer does) and the watch starts
+    round 2 again: planning first restores the change production still carries unverified, from its mark."""
+    from test_reconcile_chaos import kill_after_production_patch
+
+    w = retuned("Auto")
+    assert w.run_until(DECIDED) == "Succeeded"
+    decided = dict(w.status)
+    verified = production_args(w)
+    shift_to_long_prompts(w)
+    until_round(w, 2)
+    kill_after_production_patch(w)
+    mark = AppliedMark.read(w.deployments["llm"])
+    assert mark is not None and mark.round == 2 and mark.state is MarkState.APPLIED and production_args(w) != verified
+    w.status = decided
+    until_round(w, 2)
+    for _ in range(3):
+        if w.phase in ("Pending", "Planning"):
+            w.tick()
+    assert production_args(w) == verified, "the new round planned over round 2's unverified change"
+    assert AppliedMark.read(w.deployments["llm"]).state is MarkState.ROLLED_BACK

@@ -1437,7 +1437,13 @@ class BatchTuningStatus(_Status):
     next_trial_index: Annotated[int, Field(ge=0)] = 0
     """The index the next trial gets: trial names are never reused, not even across generations."""
     gpu_minutes: Annotated[float, Field(ge=0)] = 0
-    """GPU-minutes the trials of this generation held (GPUs x time from decision to end), in whole minutes."""
+    """GPU-minutes this BatchTuning's trials held, every generation, round and plan together (devices x time from
+    decision to end), in whole minutes: the figure its GPU budget bounds."""
+    gpu_minutes_carried: Annotated[float, Field(ge=0)] = 0
+    """GPU-minutes of trials no longer in status (earlier generations, rounds and plans), carried into the total."""
+    target_missing_since: datetime | None = None
+    """When the target Deployment was first found missing (cleared once it is found); past
+    spec.trial.readinessTimeoutSeconds the tuning fails and its trials are freed."""
     baseline: Baseline | None = None
     """Production's settings when tuning started."""
     pruned: list[PrunedSetting] = Field(default_factory=list)

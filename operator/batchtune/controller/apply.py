@@ -9,6 +9,7 @@ batchtune applied.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from batchtune.api import AppliedRecord
@@ -277,9 +278,7 @@ def restore(tick: Tick, target_name: str) -> Restore:
     deployment = tick.ports.cluster.deployment(tick.tuning.namespace, target_name)
     if deployment is None:
         return Restore.NOTHING
-    applied = tick.status.applied
-    previous = applied.previous.core() if applied and applied.previous else None
-    decision, mark = rollback_decision(deployment, tick.tuning.uid, previous)
+    decision, mark = rollback_decision(deployment, tick.tuning.uid, status_previous(tick, AppliedMark.read(deployment)))
     if decision is not Restore.RESTORE:
         return decision
     assert mark is not None
@@ -289,6 +288,38 @@ def restore(tick: Tick, target_name: str) -> Restore:
                                         args_patch(mark.container, mark.previous, annotations, rv), rv)
     tick.log.info("Restored %s/%s to its previous args", tick.tuning.namespace, target_name)
     return Restore.RESTORE
+
+
+def status_previous(tick: Tick, mark: AppliedMark | None) -> ContainerArgs | None:
+    """The previous args status records for the mark's change, or None when status describes another generation or
+    round (a crash took the status write, or a new spec or round replaced status): then the mark alone is read."""
+    applied = tick.status.applied
+    if mark is None or applied is None or applied.previous is None or applied.generation != mark.generation or \
+            (tick.status.round or 1) != mark.round:
+        return None
+    return applied.previous.core()
+
+
+def restore_left_over(tick: Tick, targets: Iterable[str | None], why: str) -> None:
+    """Restore every change of this BatchTuning (any generation or round) that production still carries unverified.
+
+    Read from each Deployment's `batchtune.io/applied` mark, never from status alone: a crash between a patch and
+    its status write, then a new spec, a new round or a delete, leaves status without the change. Restored, not
+    verified: the verify window, SLO and figures before belong to the generation or round that is gone.
+    `Conflict` propagates (production changed under the restore: the caller waits and nothing else happens).
+    """
+    for name in dict.fromkeys(t for t in targets if t):
+        decision = restore(tick, name)
+        if decision is Restore.RESTORE:
+            tick.event(True, Reason.ROLLED_BACK, f"Restored {tick.tuning.namespace}/{name}'s previous args ({why} "
+                                                 "before batchtune's change to it was verified)")
+        elif decision is not Restore.NOTHING:
+            what = ("someone else changed it since" if decision is Restore.CHANGED_BY_OTHERS
+                    else "its record and status name different previous args")
+            message = (f"Deployment {tick.tuning.namespace}/{name} still carries an unverified change of this "
+                       f"BatchTuning, but {what}; batchtune did not restore it")
+            if tick.condition(ConditionType.DEGRADED, True, Reason.PRODUCTION_CHANGED_BY_OTHERS, message):
+                tick.event(True, Reason.PRODUCTION_CHANGED_BY_OTHERS, message)
 
 
 def rollback(tick: Tick, reason: Reason, message: str) -> None:
@@ -316,8 +347,3 @@ def rollback(tick: Tick, reason: Reason, message: str) -> None:
     tick.condition(ConditionType.DEGRADED, True, reason, text)
     tick.event(True, Reason.ROLLED_BACK, text)
 
-
-def unverified(tick: Tick) -> bool:
-    """Whether production may run a change of this BatchTuning that is neither verified nor rolled back."""
-    applied = tick.status.applied
-    return bool(applied and applied.applied_at and not applied.verified_at and not applied.rolled_back_at)

@@ -24,7 +24,7 @@ from batchtune.controller.ports import Install, Ports
 from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.reports import ReportQueue
 from batchtune.controller.tick import Tuning
-from batchtune.core.gpus import GPU_RESOURCE, pod_gpus
+from batchtune.core.gpus import is_accelerator, pod_gpus
 from batchtune.core.manifests import (
     COMPONENT_LOAD,
     LABEL_COMPONENT,
@@ -189,8 +189,9 @@ if CLUSTERWIDE:
     @kopf.index("v1", "nodes")
     def nodes(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> Any:
         allocatable = (status.get("allocatable") or {})
+        # Every accelerator resource (nvidia.com/gpu, MIG slices, amd.com/gpu, ...): trials are fitted per resource.
         return {"all": {"metadata": {"name": name, "labels": dict(labels)},
-                        "status": {"allocatable": {GPU_RESOURCE: allocatable.get(GPU_RESOURCE, "0")}}}}
+                        "status": {"allocatable": {k: v for k, v in allocatable.items() if is_accelerator(str(k))}}}}
 
 
 @kopf.index(API_GROUP, API_VERSION, PLURAL)

@@ -93,8 +93,9 @@ def pod_digest(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {k: meta.get(k) for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp")},
         "spec": {"nodeName": spec.get("nodeName"),
-                 "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
-                                for c in spec.get("containers") or []]},
+                 # Init containers too: an accelerator an init container holds counts (core.gpus.pod_accelerators).
+                 **{kind: [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get(kind) or []]
+                    for kind in ("containers", "initContainers")}},
         "status": {k: status.get(k) for k in ("phase", "podIP", "conditions", "containerStatuses")},
     }
 

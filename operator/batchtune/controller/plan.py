@@ -17,10 +17,10 @@ from batchtune.controller import records
 from batchtune.controller import tick as tick_
 from batchtune.controller.ports import MetricsReader
 from batchtune.controller.tick import Target, Tick
-from batchtune.core.gpus import GPU_PRODUCT_LABEL, container_gpus
+from batchtune.core.gpus import GPU_PRODUCT_LABEL
 from batchtune.core.measurement import window_too_short
 from batchtune.core.planning import EngineLimits, Plan, plan_candidates
-from batchtune.core.policy import load_image_problem
+from batchtune.core.policy import gpu_minutes_budget, load_image_problem
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
@@ -132,11 +132,29 @@ def window_problem(tick: Tick, target: Target) -> str | None:
     return None
 
 
+def budget_spent(tick: Tick) -> bool:
+    """Whether the BatchTuning's GPU budget is spent (every generation and round counts): then it fails before it
+    plans, looks up the target or starts a trial."""
+    budget = gpu_minutes_budget(tick.view.spec.strategy.max_gpu_minutes, tick.ports.install.max_gpu_minutes)
+    spent = records.gpu_minutes_spent(tick.status, tick.now)
+    if spent < budget:
+        return False
+    tick.fail(Reason.GPU_BUDGET_EXHAUSTED, f"this BatchTuning's trials have held {spent:g} GPU-minutes over all its "
+                                           f"generations and rounds, its budget is {budget} (spec.strategy."
+                                           "maxGpuMinutes, capped by the install's maxGpuMinutesPerTuning): no "
+                                           "new trial starts")
+    return True
+
+
 def plan(tick: Tick) -> None:
     from batchtune.twin.prefilter import memory_fit
 
+    if budget_spent(tick):
+        return
     target = tick.target()
     if target is None:
+        return
+    if tick.devices(target) is None:
         return
     engine = target.engine
     try:
@@ -211,8 +229,9 @@ def record_plan(tick: Tick, target: Target, baseline: Invocation, limits: Engine
     tick.status.workload = workload
     tick.status.trials_planned = planned
     tick.status.trials_completed = 0
-    per_trial = container_gpus(target.container)
+    devices = tick.devices(target)
+    each = f"{devices.count} {devices.resource} each" if devices and devices.count else "no accelerator"
     message = (f"{planned} trials planned from {len(candidates.candidates)} candidates "
-               f"({len(candidates.pruned)} pruned), {per_trial} GPU(s) each")
+               f"({len(candidates.pruned)} pruned), {each}")
     tick.set_phase(Phase.TRIALING, Reason.PLANNED, message)
     tick.event(False, Reason.PLANNED, message)

@@ -17,14 +17,13 @@ from typing import Any
 
 from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import apply as applying
-from batchtune.controller import gitdelivery, retune
+from batchtune.controller import gitdelivery, records, retune
 from batchtune.controller import status as status_io
 from batchtune.controller.decide import select, submit_report
 from batchtune.controller.plan import plan
 from batchtune.controller.ports import Conflict, NotAllowed, Ports
 from batchtune.controller.tick import Log, Tick, Tuning
 from batchtune.controller.trials import trials
-from batchtune.core.production import Restore
 from batchtune.core.vocabulary import Phase, Reason
 
 STEPS = {
@@ -66,6 +65,8 @@ def step(tick: Tick) -> None:
         tick.status.phase = Phase.PENDING
     was = tick.phase
     try:
+        if was in (Phase.PENDING, Phase.PLANNING) and not left_over_restored(tick):
+            return
         STEPS[tick.phase](tick)
     except NotAllowed as exc:  # the install refuses the spec's Prometheus URL or Secret, in any phase
         tick.not_allowed(exc)
@@ -95,24 +96,16 @@ def restart(tick: Tick) -> None:
 
     Nothing of the old generation carries over but the trial counter (names are never reused).
     """
-    if applying.unverified(tick):
-        applied = tick.status.applied
-        assert applied is not None and applied.target is not None
-        try:
-            decision = applying.restore(tick, applied.target)
-        except Conflict:
-            tick.waiting(Reason.APPLY_CONFLICT, f"Deployment {applied.target} changed while restoring it; retrying")
-            return  # the old generation stays until production is safe
-        if decision is Restore.RESTORE:
-            tick.event(True, Reason.ROLLED_BACK, f"Restored {applied.target}'s previous args (spec changed to "
-                                                 f"generation {tick.tuning.generation} before the change was verified)")
-        elif decision is not Restore.NOTHING:
-            tick.event(True, Reason.PRODUCTION_CHANGED_BY_OTHERS,
-                       f"{applied.target} was changed by someone else; the unverified change was not restored")
+    try:
+        applying.restore_left_over(tick, left_over_targets(tick), f"spec changed to generation {tick.tuning.generation}")
+    except Conflict:
+        tick.waiting(Reason.APPLY_CONFLICT, "Production changed while restoring it; retrying")
+        return  # the old generation stays until production is safe
     kept = tick.status.next_trial_index
     conditions = tick.status.conditions
     fresh = status_io.load({})
     fresh.next_trial_index = kept
+    records.carry_gpu_minutes(tick.status, fresh, tick.now)  # the budget is the BatchTuning's, not the generation's
     fresh.pull_request = tick.status.pull_request  # a later decision supersedes its branch
     fresh.conditions = conditions
     fresh.observed_generation = tick.tuning.generation
@@ -120,6 +113,25 @@ def restart(tick: Tick) -> None:
     tick.set_phase(Phase.PENDING, Reason.SPEC_CHANGED, f"Spec generation {tick.tuning.generation}: planning again")
     tick.event(False, Reason.SPEC_CHANGED, f"Spec changed (generation {tick.tuning.generation}); planning again")
     tick.log.info("Restarted tuning %s for generation %s", tick.tuning.name, tick.tuning.generation)
+
+
+def left_over_restored(tick: Tick) -> bool:
+    """Before planning: no unverified change of this BatchTuning stays on production (a crash after a patch, then a
+    new generation or round, leaves one that status does not know). False while production changes under it."""
+    try:
+        applying.restore_left_over(tick, left_over_targets(tick), f"a new tuning (generation {tick.tuning.generation}, "
+                                                                  f"round {tick.status.round or 1}) began")
+    except Conflict:
+        tick.waiting(Reason.APPLY_CONFLICT, f"Deployment {tick.spec.target_ref.name} changed while restoring "
+                                            "batchtune's unverified change to it; retrying")
+        return False
+    return True
+
+
+def left_over_targets(tick: Tick) -> list[str | None]:
+    """The Deployments a change of this BatchTuning may be on: the one status names, the one the spec names."""
+    applied = tick.status.applied
+    return [applied.target if applied else None, str((tick.tuning.spec.get("targetRef") or {}).get("name") or "")]
 
 
 def collect_garbage(tick: Tick) -> None:
@@ -154,12 +166,7 @@ def on_delete(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> None:
     Raises `Conflict` while production changes under the restore, so the finalizer stays and kopf retries.
     """
     tick = Tick(tuning, ports, now, log)
-    if applying.unverified(tick):
-        applied = tick.status.applied
-        assert applied is not None and applied.target is not None
-        if applying.restore(tick, applied.target) is Restore.RESTORE:
-            tick.event(True, Reason.ROLLED_BACK, "BatchTuning deleted before its change was verified; "
-                                                 "restored production's previous args")
+    applying.restore_left_over(tick, left_over_targets(tick), "BatchTuning deleted")
     owned = ports.cluster.owned(tuning.namespace, tuning.uid)
     for name in owned.jobs:
         ports.cluster.delete("Job", tuning.namespace, name)

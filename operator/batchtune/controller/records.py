@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from batchtune.api import (
@@ -25,6 +26,7 @@ from batchtune.api import (
 )
 from batchtune.api.models import BatchTuningSpec, BatchTuningStatus, LoadSpec, RoundRecord, camel
 from batchtune.core import autoscale, protocol
+from batchtune.core.gpus import held_minutes
 from batchtune.core.guidance import KEPT_PREDICTIONS, Agreement, Predicted, TwinAdvice, measured
 from batchtune.core.objective import Objective, objective_value
 from batchtune.core.outcomes import HistoryEntry, StepObservation, TrialOutcome
@@ -283,3 +285,20 @@ def prediction(advice: TwinAdvice, setting: CoreSetting) -> TrialPrediction | No
         return None
     return TrialPrediction(objective=max(0.0, found.objective), capacity_load=found.capacity_load,
                            metrics=dict(found.metrics), simulated=found.simulated)
+
+
+# ---- the GPU budget --------------------------------------------------------------------------------------
+
+
+def gpu_minutes_spent(status: BatchTuningStatus, now: datetime) -> float:
+    """Device-minutes this BatchTuning's trials held: the trials in status and those carried from earlier generations,
+    rounds and plans (`gpu_minutes_carried`). The figure the GPU budget bounds."""
+    return round(status.gpu_minutes_carried + held_minutes(((t.gpus, t.started_at, t.finished_at)
+                                                            for t in status.trials), now), 2)
+
+
+def carry_gpu_minutes(old: BatchTuningStatus, fresh: BatchTuningStatus, now: datetime) -> None:
+    """A new generation, round or plan drops the trials from status: their minutes stay in the total (running ones
+    count until now; their objects go in this tick's garbage pass)."""
+    fresh.gpu_minutes_carried = gpu_minutes_spent(old, now)
+    fresh.gpu_minutes = float(math.floor(fresh.gpu_minutes_carried))

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batchtune.api import RetuneRecord, RoundRecord
+from batchtune.controller import records
 from batchtune.controller import status as status_io
 from batchtune.controller.tick import Target, Tick
 from batchtune.core.retune import MAX_ROUNDS_IN_STATUS, RetunePolicy, Trigger
@@ -163,6 +164,7 @@ def start_round(tick: Tick, trigger: Trigger, why: str) -> None:
     fresh = status_io.load({})
     fresh.observed_generation = old.observed_generation
     fresh.next_trial_index = old.next_trial_index
+    records.carry_gpu_minutes(old, fresh, tick.now)  # the budget is the BatchTuning's, not the round's
     fresh.conditions = old.conditions
     fresh.round = number
     fresh.rounds = rounds[-MAX_ROUNDS_IN_STATUS:]

@@ -16,11 +16,12 @@ from typing import Any
 
 from batchtune.api import AppliedRecord, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
 from batchtune.api import ContainerArgs as ArgsRecord
+from batchtune.controller import records, telemetry
 from batchtune.controller import status as status_io
-from batchtune.controller import telemetry
 from batchtune.controller.ports import MetricsReader, NotAllowed, Ports
 from batchtune.core import ownership, scrape
 from batchtune.core.gitops import Mode, ModeDecision, detect, resolve_mode
+from batchtune.core.gpus import TrialDevices, trial_devices
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
@@ -191,9 +192,9 @@ class Tick:
         ns = self.tuning.namespace
         deployment = self.ports.cluster.deployment(ns, name)
         if deployment is None:
-            self.waiting(Reason.TARGET_NOT_FOUND, f"Deployment {ns}/{name} (spec.targetRef.name) not found; waiting for it",
-                         warn=True)
+            self.target_missing(f"Deployment {ns}/{name} (spec.targetRef.name)")
             return None
+        self.status.target_missing_since = None
         pod_spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
         try:
             engine, container = find_engine_container(pod_spec, ref.container_name, self.ports.engines or ENGINES)
@@ -204,6 +205,32 @@ class Tick:
             self.fail(Reason.NO_ENGINE_CONTAINER, f"Deployment {ns}/{name}: {exc}")
             return None
         return Target(deployment, engine, container)
+
+    def target_missing(self, what: str) -> None:
+        """Wait for a missing target, up to spec.trial.readinessTimeoutSeconds from when it went missing: then the
+        tuning fails and its unfinished trials are finished, so the garbage pass frees their GPUs."""
+        since = self.status.target_missing_since or self.now
+        self.status.target_missing_since = since
+        timeout = self.spec.trial.readiness_timeout_seconds
+        if self.now - since < timedelta(seconds=timeout):
+            self.waiting(Reason.TARGET_NOT_FOUND, f"{what} not found; waiting for it until "
+                                                  f"{iso(since + timedelta(seconds=timeout))}", warn=True)
+            return
+        message = (f"{what} has been missing since {iso(since)}, longer than spec.trial.readinessTimeoutSeconds "
+                   f"({timeout}s); the tuning stopped and its trials' GPUs were freed")
+        for trial in self.status.trials:
+            if not trial.state.finished:
+                self.finish(trial, TrialState.FAILED, Reason.TARGET_NOT_FOUND, message, Verdict.UNKNOWN)
+        self.fail(Reason.TARGET_NOT_FOUND, message)
+
+    def devices(self, target: Target) -> TrialDevices | None:
+        """The accelerator each trial takes (`core.gpus.trial_devices`), or None after failing the tuning with
+        the reason that names the resource batchtune cannot count."""
+        found = trial_devices(target.pod_spec, f"Deployment {self.tuning.namespace}/{target.name} spec.template.spec")
+        if isinstance(found, str):
+            self.fail(Reason.UNCOUNTED_ACCELERATOR, found)
+            return None
+        return found
 
     def engine_named(self, name: str | None) -> Engine:
         """The engine status names (the first known one when status predates the field)."""
@@ -255,6 +282,7 @@ class Tick:
         for trial in self.status.trials:
             if not trial.state.finished:
                 self.finish(trial, TrialState.FAILED, Reason.TARGET_CHANGED, message, Verdict.UNKNOWN)
+        self.status.gpu_minutes_carried = records.gpu_minutes_spent(self.status, self.now)  # the budget keeps them
         self.status.trials = []
         self.status.pruned = []
         self.status.plan = None

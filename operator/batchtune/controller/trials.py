@@ -20,7 +20,7 @@ from batchtune.controller import guidance, records
 from batchtune.controller.ports import Owned
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import measurement, trial_loop
-from batchtune.core.gpus import container_gpus, eligible_nodes, node_usage, trials_that_fit
+from batchtune.core.gpus import TrialDevices, eligible_nodes, node_usage, trials_that_fit
 from batchtune.core.guidance import TwinAdvice
 from batchtune.core.manifests import (
     build_bench_job,
@@ -48,11 +48,20 @@ INFEASIBLE = frozenset({Reason.OOM_KILLED, Reason.OUT_OF_MEMORY, Reason.KV_CACHE
 
 
 def trials(tick: Tick) -> None:
+    # The budget first: a missing or unreadable target must not let trials hold their GPUs past it.
+    budget = gpu_minutes_budget(tick.view.spec.strategy.max_gpu_minutes, tick.ports.install.max_gpu_minutes)
+    if records.gpu_minutes_spent(tick.status, tick.now) >= budget:
+        stop_at_budget(tick, budget)
+        conclude_trialing(tick, budget, exhausted=True, strategy_done=True)
+        return
     target = tick.target()
     if target is None:
         return
     if tick.status.baseline and tick.status.baseline.fingerprint != fingerprint(target.container):
         tick.target_changed(target)
+        return
+    devices = tick.devices(target)
+    if devices is None:
         return
     owned = tick.ports.cluster.owned(tick.tuning.namespace, tick.tuning.uid)
     for trial in tick.status.trials:
@@ -60,14 +69,17 @@ def trials(tick: Tick) -> None:
             deploying(tick, target, trial, owned)
         elif trial.state in (TrialState.WARMING, TrialState.MEASURING):
             measuring(tick, target, trial, owned)
-    spent = gpu_minutes(tick.status.trials, tick.now)
-    # Whole minutes in status: a figure that moves every tick would cost a status write every tick.
-    tick.status.gpu_minutes = float(math.floor(spent))
-    budget = gpu_minutes_budget(tick.view.spec.strategy.max_gpu_minutes, tick.ports.install.max_gpu_minutes)
-    exhausted = spent >= budget
+    exhausted = records.gpu_minutes_spent(tick.status, tick.now) >= budget
     if exhausted:
         stop_at_budget(tick, budget)
-    strategy_done = False if exhausted else launch(tick, target, owned)
+    strategy_done = False if exhausted else launch(tick, target, owned, devices)
+    conclude_trialing(tick, budget, exhausted, strategy_done)
+
+
+def conclude_trialing(tick: Tick, budget: int, exhausted: bool, strategy_done: bool) -> None:
+    """The budget's figure and the trial counts into status; on to Selecting once no trial runs and none is due."""
+    # Whole minutes in status: a figure that moves every tick would cost a status write every tick.
+    tick.status.gpu_minutes = float(math.floor(records.gpu_minutes_spent(tick.status, tick.now)))
     finished = [t for t in tick.status.trials if t.state.finished]
     tick.status.trials_completed = len(finished)
     active = [t for t in tick.status.trials if not t.state.finished]
@@ -76,16 +88,6 @@ def trials(tick: Tick) -> None:
         tick.set_phase(Phase.SELECTING, Reason.GPU_BUDGET_EXHAUSTED if exhausted else Reason.TRIALS_DONE, why)
         if exhausted:
             tick.event(True, Reason.GPU_BUDGET_EXHAUSTED, why)
-
-
-def gpu_minutes(trials_: list[TrialRecord], now: datetime) -> float:
-    total = 0.0
-    for trial in trials_:
-        if trial.started_at is None or not trial.gpus:
-            continue
-        end = trial.finished_at or now
-        total += trial.gpus * max(0.0, (end - trial.started_at).total_seconds()) / 60
-    return round(total, 2)
 
 
 def stop_at_budget(tick: Tick, budget: float) -> None:
@@ -112,7 +114,7 @@ def stop_at_budget(tick: Tick, budget: float) -> None:
 # ---- starting trials -----------------------------------------------------------------------------
 
 
-def launch(tick: Tick, target: Target, owned: Owned) -> bool:
+def launch(tick: Tick, target: Target, owned: Owned, devices: TrialDevices) -> bool:
     """Start trials while slots, GPUs and the search allow; True when the search has nothing more to ask."""
     trials_ = tick.status.trials
     active = [t for t in trials_ if not t.state.finished]
@@ -120,14 +122,14 @@ def launch(tick: Tick, target: Target, owned: Owned) -> bool:
     slots = min(tick.view.spec.strategy.max_parallel_trials - len(active), budget)
     if slots <= 0:
         return budget <= 0
-    per_trial = container_gpus(target.container)
+    per_trial = devices.count
     if per_trial:
-        fit = gpus_free_for(tick, target, per_trial, owned)
+        fit = gpus_free_for(tick, target, devices, owned)
         if fit is not None:
             slots = min(slots, fit)
             if slots <= 0:
                 tick.waiting(Reason.WAITING_FOR_GPUS,
-                             f"No node has {per_trial} free nvidia.com/gpu for the next trial"
+                             f"No node has {per_trial} free {devices.resource} for the next trial"
                              + (f" (product {tick.status.plan.gpu_product})" if tick.status.plan and
                                 tick.status.plan.gpu_product else "") + "; waiting")
                 return False
@@ -186,7 +188,7 @@ def start_trial(tick: Tick, setting: CoreSetting, gpus: int, current: bool = Fal
     return trial
 
 
-def gpus_free_for(tick: Tick, target: Target, per_trial: int, owned: Owned) -> int | None:
+def gpus_free_for(tick: Tick, target: Target, devices: TrialDevices, owned: Owned) -> int | None:
     """How many more trials fit on production's kind of node; None when this install cannot see nodes."""
     cluster = tick.ports.cluster
     nodes = cluster.nodes()
@@ -194,12 +196,12 @@ def gpus_free_for(tick: Tick, target: Target, per_trial: int, owned: Owned) -> i
     if nodes is None or pods is None:
         return None
     product = tick.status.plan.gpu_product if tick.status.plan else None
-    eligible = eligible_nodes(nodes, target.pod_spec.get("nodeSelector") or {}, product)
-    usage, unbound = node_usage(eligible, pods)
+    eligible = eligible_nodes(nodes, target.pod_spec.get("nodeSelector") or {}, product, devices.resource)
+    usage, unbound = node_usage(eligible, pods, devices.resource)
     # Our own trials decided but not created yet hold GPUs as much as pods do.
     ours = [t.gpus for t in tick.status.trials if t.state is TrialState.DEPLOYING and t.gpus
             and t.name not in owned.deployments]
-    return trials_that_fit(usage, unbound + ours + cluster.gpu_intents(tick.tuning.uid), per_trial)
+    return trials_that_fit(usage, unbound + ours + cluster.gpu_intents(tick.tuning.uid), devices.count)
 
 
 def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> None:
