@@ -106,6 +106,8 @@ class Reason(StrEnum):
     UNSUPPORTED_ARGS = "UnsupportedArgs"
     NOT_ALLOWED = "NotAllowed"
     EMPTY_SEARCH_SPACE = "EmptySearchSpace"
+    STATUS_UNREADABLE = "StatusUnreadable"
+    UNMEASURED_RECOMMENDATION = "UnmeasuredRecommendation"
     WAITING_FOR_PRODUCTION_DATA = "WaitingForProductionData"
     # Planning and trials
     PLANNED = "Planned"
