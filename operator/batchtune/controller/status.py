@@ -40,10 +40,12 @@ def read(raw: Mapping[str, Any] | None) -> tuple[BatchTuningStatus, str | None]:
 
 def _next_index(raw: Mapping[str, Any]) -> int:
     """The highest trial counter the unreadable status still says plainly (a forged one out of range is ignored)."""
-    trials = raw.get("trials") if isinstance(raw.get("trials"), list) else []
-    found = [raw.get("nextTrialIndex")] + [t.get("index", -1) + 1 if isinstance(t, dict) and _index(t.get("index"))
-                                           else None for t in trials]
-    return max((n for n in found if _index(n)), default=0)
+    trials = raw.get("trials")
+    found: list[Any] = [raw.get("nextTrialIndex")]
+    for trial in trials if isinstance(trials, list) else []:
+        if isinstance(trial, dict) and _index(trial.get("index")):
+            found.append(int(trial["index"]) + 1)
+    return max((int(n) for n in found if _index(n)), default=0)
 
 
 def _index(value: Any) -> bool:

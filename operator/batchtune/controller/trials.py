@@ -67,6 +67,8 @@ def trials(tick: Tick) -> None:
     exhausted = spent >= budget
     if exhausted:
         stop_at_budget(tick, budget)
+    if not exhausted and counter_spent(tick):
+        return
     strategy_done = False if exhausted else launch(tick, target, owned)
     finished = [t for t in tick.status.trials if t.state.finished]
     tick.status.trials_completed = len(finished)
@@ -120,10 +122,6 @@ def launch(tick: Tick, target: Target, owned: Owned) -> bool:
     slots = min(tick.view.spec.strategy.max_parallel_trials - len(active), budget)
     if slots <= 0:
         return budget <= 0
-    if tick.status.next_trial_index + slots > MAX_TRIAL_INDEX:  # only a forged counter gets here
-        tick.fail(Reason.STATUS_UNREADABLE, f"status.nextTrialIndex {tick.status.next_trial_index} leaves no trial "
-                                            f"index up to {MAX_TRIAL_INDEX}; edit the spec to start afresh")
-        return False
     per_trial = container_gpus(target.container)
     if per_trial:
         fit = gpus_free_for(tick, target, per_trial, owned)
@@ -159,6 +157,15 @@ def launch(tick: Tick, target: Target, owned: Owned) -> bool:
         if progressing is not None and progressing.reason == Reason.TWIN_SEARCHING:
             tick.condition(ConditionType.PROGRESSING, True, Reason.TRIAL_STARTED, f"Trial {trial.name}: {setting.label()}")
     return False
+
+
+def counter_spent(tick: Tick) -> bool:
+    """The trial counter has no index left for the trials still to start (only a forged counter gets here): Failed."""
+    if tick.status.next_trial_index + tick.status.trials_planned - len(tick.status.trials) <= MAX_TRIAL_INDEX:
+        return False
+    tick.fail(Reason.STATUS_UNREADABLE, f"status.nextTrialIndex {tick.status.next_trial_index} leaves no trial index "
+                                        f"up to {MAX_TRIAL_INDEX}; edit the spec to start afresh")
+    return True
 
 
 def search(tick: Tick, advice: TwinAdvice | None = None) -> Search:
