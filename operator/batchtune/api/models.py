@@ -883,11 +883,11 @@ class Setting(_Status):
 
     model_config = ConfigDict(frozen=True)
 
-    max_num_seqs: Annotated[int, Field(ge=1, le=MAX_NUM_SEQS_LIMIT)]
-    """--max-num-seqs."""
+    max_num_seqs: Annotated[int, Field(ge=1)]
+    """--max-num-seqs (unbounded above: a retune round's trial 0 holds production's own, whatever it is)."""
     gpu_memory_utilization_percent: Annotated[int, Field(ge=1, le=100)]
     """--gpu-memory-utilization in percent."""
-    max_num_batched_tokens: Annotated[int, Field(ge=1, le=MAX_NUM_BATCHED_TOKENS_LIMIT)] | None = None
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
     """--max-num-batched-tokens; unset: the engine's or production's value."""
 
     def core(self) -> CoreSetting:
