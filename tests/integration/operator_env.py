@@ -71,7 +71,8 @@ def batchtuning(namespace: str, prometheus_url: str, name: str = "tune", target:
         "load": {"inputTokens": 256, "outputTokens": 64},
         "trial": {"warmupSeconds": 3, "measureSeconds": 8, "readinessTimeoutSeconds": 90},
         "prometheus": {"url": prometheus_url},
-        "apply": {"verifySeconds": 15, "cooldownSeconds": 0, "verifyMinRequests": 10},
+        # Auto by name: an unset mode is Recommend, and these tunings are meant to change production.
+        "apply": {"mode": "Auto", "verifySeconds": 15, "cooldownSeconds": 0, "verifyMinRequests": 10},
     }
     for key, value in overrides.items():
         spec[key] = value

@@ -155,7 +155,9 @@ def test_recommend_mode_and_gitops_target_leave_production_alone(kube, namespace
                  report={"curveLoad": {"concurrency": 8}})  # the search's load: no extra curve step
     apply(kube, batchtuning(namespace, prometheus_url, name="rec", target="plain", apply={"mode": "Recommend"},
                             **quick))
-    apply(kube, batchtuning(namespace, prometheus_url, name="gitops", target="argo", **quick))
+    # No apply mode: an unset mode on a managed target recommends (the env's default spells Auto out).
+    apply(kube, batchtuning(namespace, prometheus_url, name="gitops", target="argo",
+                            apply={"verifySeconds": 15, "cooldownSeconds": 0, "verifyMinRequests": 10}, **quick))
     rec = wait_phase(kube, namespace, "rec", {"Recommended", "Failed", "Succeeded"}, 240, operator)
     gitops = wait_phase(kube, namespace, "gitops", {"Recommended", "Failed", "Succeeded"}, 240, operator)
     assert rec["status"]["phase"] == "Recommended", json.dumps(rec["status"], indent=1)[-3000:]
@@ -305,7 +307,8 @@ def test_failed_verify_rolls_back_to_the_exact_previous_args(kube, namespace, op
                             objective={"type": "OutputThroughput"},
                             load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4},
                             report={"curveLoad": {"concurrency": 4}},  # the search's load: no extra step
-                            apply={"verifySeconds": 20, "cooldownSeconds": 0, "maxRegressionPercent": 50}))
+                            apply={"mode": "Auto", "verifySeconds": 20, "cooldownSeconds": 0,
+                                   "maxRegressionPercent": 50}))
     wait_phase(kube, namespace, "tune", {"Verifying", "Failed", "Succeeded"}, 240, operator)
     # Production degrades during verify: far more concurrent users than the setting can serve.
     flood = Traffic(kube, namespace, "app=llm", rate=50, max_tokens=64, concurrency=80, deadline_s=180)
@@ -382,7 +385,7 @@ def test_spec_change_replans_and_deletion_during_verify_restores_production(kube
                objective={"type": "OutputThroughput"},
                load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4},
                report={"curveLoad": {"concurrency": 4}},  # the search's load: no extra curve step
-               apply={"verifySeconds": 600, "cooldownSeconds": 0})
+               apply={"mode": "Auto", "verifySeconds": 600, "cooldownSeconds": 0})
     apply(kube, batchtuning(namespace, prometheus_url, searchSpace={"maxNumSeqs": {"values": [16]},
                                                                     "gpuMemoryUtilizationPercent": [95]}, **one))
     wait_for(lambda: (get_bt(kube, namespace, "tune").get("status") or {}).get("trials"), timeout=60,

@@ -250,7 +250,7 @@ def test_auto_tuning_on_real_vllm_applies_and_verifies(real_kube, real_namespace
                  "headroomPercent": 10},
             # 10 s at 16 streams holds hundreds of requests: the queue below max-num-seqs 16 shows in every scrape.
             trial={"warmupSeconds": 5, "measureSeconds": 10, "readinessTimeoutSeconds": READY_TIMEOUT_S},
-            apply={"verifySeconds": 20, "cooldownSeconds": 0, "verifyMinRequests": 10,
+            apply={"mode": "Auto", "verifySeconds": 20, "cooldownSeconds": 0, "verifyMinRequests": 10,
                    "verifyTimeoutSeconds": 600}))
         bt = wait_phase(real_kube, ns, "tune", {"Succeeded", "Failed", "RolledBack", "Recommended"}, 1200,
                         real_operator)
@@ -327,7 +327,8 @@ def test_regression_during_verify_rolls_back_to_the_exact_previous_args(real_kub
         report={"curveLoad": {"concurrency": 2}},  # the search's own load: no extra run on real vLLM
         slo={"percentile": "P95", "e2eLatencyMilliseconds": 3000, "maxErrorRatePercent": 1},
         trial={"warmupSeconds": 5, "measureSeconds": 15, "readinessTimeoutSeconds": READY_TIMEOUT_S},
-        apply={"verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50, "verifyMinRequests": 10,
+        apply={"mode": "Auto", "verifySeconds": 30, "cooldownSeconds": 0, "maxRegressionPercent": 50,
+               "verifyMinRequests": 10,
                "verifyTimeoutSeconds": 600}))
     bt = wait_phase(real_kube, ns, "tune", {"Verifying", "Failed", "Succeeded", "Recommended"}, 900, real_operator)
     trials = trials_by_setting(bt)

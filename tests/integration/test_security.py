@@ -109,6 +109,8 @@ RIGHTS: tuple[Right, ...] = (
     *(_need(v, "jobs.batch", "load-generator Jobs") for v in ("get", "list", "watch", "create", "delete")),
     *(_need(v, "pods", "trial pods: IPs, failures") for v in ("get", "list", "watch")),
     _need("get", "pods/log", "a crashed trial's engine log: the cause vLLM prints above the termination message"),
+    _need("get", "replicasets.apps", "a trial pod counts only when its ReplicaSet is the trial Deployment's (uid)"),
+    _never("list", "replicasets.apps", "a trial pod's ReplicaSet is read by name, never listed"),
     _need("list", "services", "a trial keeps no label a Service selects"),
     *(_need(v, "configmaps", "the <bt>-report ConfigMap: created, then replaced") for v in ("create", "update")),
     _need("get", "secrets", "authSecretRef, listed namespace only", where="S"),

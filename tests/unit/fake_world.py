@@ -131,6 +131,8 @@ class World:
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replica_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """ReplicaSets by name: {"uid", "controller"} (the uid of the Deployment that controls it)."""
     nodes: list[dict[str, Any]] | None = field(default_factory=lambda: [{
         "metadata": {"name": "gpu-node-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
         "status": {"allocatable": {"nvidia.com/gpu": "8"}}}])
@@ -245,9 +247,12 @@ class World:
             if failure is not None:
                 status["containerStatuses"] = [{"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                                                 "lastState": {"terminated": {"exitCode": 1, "message": failure}}}]
+            replica_set = f"{name}-rs"
+            self.replica_sets[replica_set] = {"uid": f"uid-rs-{name}", "controller": dep["metadata"]["uid"]}
             self.pods[pod_name] = {
                 "metadata": {"name": pod_name, "namespace": NS, "labels": dict(dep["spec"]["template"]["metadata"]["labels"]),
-                             "creationTimestamp": self.now.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                             "creationTimestamp": self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                             "ownerReferences": [controller_ref("ReplicaSet", replica_set, f"uid-rs-{name}")]},
                 "spec": {"nodeName": "gpu-node-0", "containers": [container]},
                 "status": status,
             }
@@ -267,7 +272,7 @@ class World:
             if load in self.failing_loads:
                 status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "failed": 1,
                                "conditions": [{"type": "Failed", "status": "True"}]})
-                job["message"] = "load generator: connection refused"
+                self.load_pod(job, "load generator: connection refused")
                 continue
             status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
                            "completionTime": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "succeeded": 1,
@@ -289,8 +294,26 @@ class World:
                        "output_throughput": figures[M.OUTPUT_THROUGHPUT]}
             if M.GOODPUT in figures and "--goodput" in args:
                 summary["request_goodput"] = figures[M.GOODPUT]
-            job["message"] = json.dumps(summary)
+            self.load_pod(job, json.dumps(summary))
             job["figures"] = figures
+
+    def load_pod(self, job: Mapping[str, Any], message: str) -> None:
+        """The Job's pod, ended with the load generator's termination message."""
+        name = job["metadata"]["name"]
+        self.pods[f"{name}-pod"] = {
+            "metadata": {"name": f"{name}-pod", "namespace": NS,
+                         "labels": {LABEL_COMPONENT: "load", "batch.kubernetes.io/job-name": name},
+                         "creationTimestamp": self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                         "ownerReferences": [controller_ref("Job", name, job["metadata"]["uid"])]},
+            "spec": {"containers": [{"name": "loadgen", "resources": {}}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [
+                {"name": "loadgen", "state": {"terminated": {"exitCode": 0, "message": message}}}]},
+        }
+
+
+def controller_ref(kind: str, name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1" if kind == "Job" else "apps/v1", "kind": kind, "name": name, "uid": uid,
+            "controller": True}
 
 
 def _knobs(container: Mapping[str, Any]) -> tuple[int, int]:
@@ -312,8 +335,9 @@ class FakeCluster:
         def ours(obj: Mapping[str, Any]) -> bool:
             return any(r.get("uid") == tuning_uid for r in obj["metadata"].get("ownerReferences") or [])
 
-        deps = {n: {"name": n} for n, d in self.w.deployments.items() if ours(d)}
-        jobs = {n: {"name": n, "status": j.get("status") or {}} for n, j in self.w.jobs.items() if ours(j)}
+        deps = {n: {"name": n, "uid": d["metadata"].get("uid")} for n, d in self.w.deployments.items() if ours(d)}
+        jobs = {n: {"name": n, "uid": j["metadata"].get("uid"), "status": j.get("status") or {}}
+                for n, j in self.w.jobs.items() if ours(j)}
         return Owned(deps, jobs)
 
     def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]:
@@ -321,6 +345,10 @@ class FakeCluster:
                 if p["metadata"]["labels"].get(LABEL_TUNING) == label_value(tuning)
                 and p["metadata"]["labels"].get(LABEL_TRIAL) == str(index)
                 and p["metadata"]["labels"].get(LABEL_COMPONENT) == "trial"]
+
+    def replica_set_controller(self, namespace: str, name: str, uid: str) -> str | None:
+        found = self.w.replica_sets.get(name)
+        return found["controller"] if found and found["uid"] == uid else None
 
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
         full = self.w.jobs[job["name"]]
@@ -330,7 +358,9 @@ class FakeCluster:
 
         def t(key: str) -> datetime | None:
             return datetime.fromisoformat(status[key].replace("Z", "+00:00")) if status.get(key) else None
-        return JobRun(done, failed, t("startTime"), t("completionTime"), full.get("message") if done else None)
+        pods = tuple(copy.deepcopy(p) for p in self.w.pods.values()
+                     if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job["name"]) if done else ()
+        return JobRun(done, failed, t("startTime"), t("completionTime"), pods)
 
     def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         match = selector.get("matchLabels") or {}
@@ -364,6 +394,7 @@ class FakeCluster:
         if name in store:
             return False
         store[name] = copy.deepcopy(dict(obj))
+        store[name]["metadata"].setdefault("uid", f"uid-{obj['kind'].lower()}-{name}")  # the API server's
         self.w.created.append(f"{obj['kind']}/{name}")
         return True
 
@@ -371,8 +402,9 @@ class FakeCluster:
         store = self.w.deployments if kind == "Deployment" else self.w.jobs
         if store.pop(name, None) is not None:
             self.w.deleted.append(f"{kind}/{name}")
+            self.w.pods.pop(f"{name}-pod", None)  # garbage collection of its pods
             if kind == "Deployment":
-                self.w.pods.pop(f"{name}-pod", None)
+                self.w.replica_sets.pop(f"{name}-rs", None)
 
     def patch_deployment(self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str) -> dict[str, Any]:
         dep = self.w.deployments[name]

@@ -276,6 +276,7 @@ def test_cluster_wide_rbac_grants_what_kopf_and_the_operator_need():
     assert grants(rules, "batch", "jobs") == {"get", "list", "watch", "create", "delete"}
     assert grants(rules, "", "pods") == {"get", "list", "watch"}
     assert grants(rules, "", "pods/log") == {"get"}  # a crashed engine's cause is above its termination message
+    assert grants(rules, "apps", "replicasets") == {"get"}  # a trial pod's ReplicaSet must be the trial Deployment's
     assert grants(rules, "", "configmaps") == {"create", "update"}  # the report: created, then replaced
     # Secrets: never cluster-wide; a Role per prometheus.authSecretNamespaces entry (none by default).
     assert not grants(rules, "", "secrets")

@@ -171,7 +171,7 @@ NONE = Detection()
 
 
 @pytest.mark.parametrize("spec_mode, git, found, under, mode, downgraded", [
-    (None, False, NONE, (), Mode.AUTO, False),
+    (None, False, NONE, (), Mode.RECOMMEND, False),  # changing production is an explicit choice
     (None, False, ARGO, (), Mode.RECOMMEND, False),
     (None, True, ARGO, (), Mode.PULL_REQUEST, False),
     (None, True, NONE, (), Mode.PULL_REQUEST, False),

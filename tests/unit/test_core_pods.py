@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from batchtune.core.pods import TrialFailure, classify_pod, log_wanted, pod_is_ready
+from batchtune.core.pods import TrialFailure, classify_pod, load_message, log_wanted, owned_trial_pods, pod_is_ready
 from batchtune.core.vocabulary import Reason
 from batchtune.engines import VLLM
 
@@ -208,3 +208,35 @@ def test_no_log_is_wanted_for_a_running_or_recognised_or_oom_killed_container():
     assert log_wanted(killed, "vllm", VLLM) is None
     other = _pod({"name": "sidecar", "state": {"terminated": {"exitCode": 1, "message": "?"}}}, created=1000)
     assert log_wanted(other, "vllm", VLLM) is None
+
+
+# ---- which pods are evidence ------------------------------------------------------------------------------------
+
+
+def _owned(kind: str | None, uid: str, controller: bool = True) -> dict:
+    refs = [{"apiVersion": "batch/v1", "kind": kind, "name": "n", "uid": uid, "controller": controller}] if kind else []
+    return {"metadata": {"name": "p", "ownerReferences": refs, "creationTimestamp": "2026-12-01T08:00:00Z"},
+            "status": {"containerStatuses": [{"state": {"terminated": {"message": f"from {kind} {uid}"}}}]}}
+
+
+@pytest.mark.parametrize("pod, counts", [
+    pytest.param(_owned("Job", "job-uid"), True, id="the-jobs-own"),
+    pytest.param(_owned(None, ""), False, id="labels-only"),
+    pytest.param(_owned("Job", "other-uid"), False, id="another-job"),
+    pytest.param(_owned("ReplicaSet", "job-uid"), False, id="same-uid-other-kind"),
+    pytest.param(_owned("Job", "job-uid", controller=False), False, id="not-the-controller"),
+])
+def test_a_load_result_comes_only_from_a_pod_the_job_controls(pod, counts):
+    assert (load_message([pod], "job-uid") is not None) is counts
+    assert load_message([pod], None) is None  # a Job whose uid is unknown has no evidence
+
+
+def test_a_trial_pod_counts_only_through_the_trial_deployments_replica_set():
+    replica_sets = {("rs", "rs-uid"): "dep-uid", ("evil", "evil-uid"): "someone-else"}
+    pods = [_owned("ReplicaSet", "rs-uid"), _owned("ReplicaSet", "evil-uid"), _owned(None, ""),
+            _owned("ReplicaSet", "rs-uid", controller=False)]
+    pods[0]["metadata"]["ownerReferences"][0]["name"] = "rs"
+    pods[1]["metadata"]["ownerReferences"][0]["name"] = "evil"
+    found = owned_trial_pods(pods, "dep-uid", lambda name, uid: replica_sets.get((name, uid)))
+    assert found == [pods[0]]
+    assert owned_trial_pods(pods, None, lambda name, uid: replica_sets.get((name, uid))) == []

@@ -112,6 +112,11 @@ reads are granted by rbac.yaml only in the namespaces of prometheus.authSecretNa
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Application: a trial pod counts only when its ReplicaSet is the trial Deployment's (by uid): one `get` per
+# ReplicaSet, never list or watch.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get"]
 # Application: a crashed trial's engine log, for the cause vLLM prints above the termination message's tail.
 - apiGroups: [""]
   resources: ["pods/log"]

@@ -34,6 +34,8 @@ from batchtune.api.models import (
     API_VERSION_FULL,
     DNS_LABEL,
     DNS_SUBDOMAIN,
+    MAX_PRUNED_IN_STATUS,
+    MAX_TRIAL_INDEX,
     AppliedRecord,
     ApplyMode,
     ApplySpec,
@@ -97,7 +99,8 @@ from batchtune.core.verify import InconclusivePolicy
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, StepPurpose, TrialState, Verdict
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "API_VERSION_FULL", "KIND", "PLURAL", "MISSING",
+    "API_GROUP", "API_VERSION", "API_VERSION_FULL", "KIND", "PLURAL", "MISSING", "MAX_PRUNED_IN_STATUS",
+    "MAX_TRIAL_INDEX",
     "ApplyMode", "ApplySpec", "AppliedRecord", "Baseline", "BatchTuning", "BatchTuningSpec",
     "BatchTuningStatus", "Condition", "ContainerArgs", "EngineLimitsRecord", "LoadStepRecord", "PlanRecord",
     "ScrapeIntervalRecord",

@@ -164,6 +164,17 @@ EXTRA_ARG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[!-#%-~]+)?$")
 
 MAX_NUM_SEQS_LIMIT = 65536
 MAX_NUM_BATCHED_TOKENS_LIMIT = 16_777_216
+MAX_TRIALS_LIMIT = 256
+MAX_TRIAL_INDEX = 2_147_483_647
+"""Trial indexes (and the counter) stay int32: a forged counter past it is unreadable status, not an API error."""
+MAX_TRIALS_IN_STATUS = MAX_TRIALS_LIMIT + 1
+"""spec.strategy.maxTrials, plus a retune round's trial 0 (production's own command line)."""
+MAX_STEPS_IN_STATUS = 16
+"""Load steps of one trial: the capacity search's steps, its extra steps when misled, confirmations and the curve step
+(`core.protocol`: at most 10 today)."""
+MAX_REPEATS = 10
+"""spec.trial.repeats: the results a step keeps."""
+MAX_PRUNED_IN_STATUS = 200
 
 
 def _no_duplicates(items: list[T]) -> list[T]:
@@ -341,7 +352,7 @@ class StrategySpec(_Spec):
     type: StrategyType = StrategyType.ADAPTIVE
     """Grid (exhaustive), Adaptive (bracketing/bisection on maxNumSeqs), Bayesian (Optuna) or TwinGuided (the
     twin calibrated on real trials searches every candidate; its best are confirmed on real trials)."""
-    max_trials: Annotated[Int, Field(ge=1, le=256)] = 12
+    max_trials: Annotated[Int, Field(ge=1, le=MAX_TRIALS_LIMIT)] = 12
     """Most trials run (repeats of one setting count once)."""
     max_parallel_trials: Annotated[Int, Field(ge=1, le=16)] = 1
     """Most trials that run at the same time (each holds the target's GPUs)."""
@@ -495,7 +506,7 @@ class TrialSpec(_Spec):
     """Measurement window of each load run, after the warm-up (the load runs warm-up plus this)."""
     readiness_timeout_seconds: Annotated[Int, Field(ge=10, le=7200)] = 900
     """How long a trial pod may take to become ready (model load) before it counts as failed."""
-    repeats: Annotated[Int, Field(ge=1, le=10)] = 1
+    repeats: Annotated[Int, Field(ge=1, le=MAX_REPEATS)] = 1
     """Measurements per setting; more repeats smooth noise."""
     bracket_seconds: Annotated[Int, Field(ge=0, le=7200)] | None = None
     """Measurement window of the capacity search's bracketing steps; only the load it settles on is measured for
@@ -723,8 +734,8 @@ class ApplySpec(_Spec):
     """What happens to production once the best setting is known."""
 
     mode: ApplyMode | None = None
-    """Auto, Recommend or PullRequest; unset: PullRequest when git is set, Recommend when Argo CD, Flux or Helm
-    manages the target, else Auto. An Auto on a managed target runs only when autoUnderManagers lists the manager."""
+    """Auto, Recommend or PullRequest; unset: PullRequest when git is set, else Recommend (changing production is an
+    explicit choice). An Auto on a managed target runs only when autoUnderManagers lists the manager."""
     git: GitSpec | None = None
     """The Git repository PullRequest mode writes to."""
     auto_under_managers: Annotated[list[Manager], AfterValidator(_no_duplicates), Field(max_length=3)] | None = None
@@ -873,7 +884,7 @@ class Setting(_Status):
     model_config = ConfigDict(frozen=True)
 
     max_num_seqs: Annotated[int, Field(ge=1)]
-    """--max-num-seqs."""
+    """--max-num-seqs (unbounded above: a retune round's trial 0 holds production's own, whatever it is)."""
     gpu_memory_utilization_percent: Annotated[int, Field(ge=1, le=100)]
     """--gpu-memory-utilization in percent."""
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -944,7 +955,7 @@ class LoadStepRecord(_Status):
     """How many of the attempts were lengthened runs rather than failed ones."""
     job: str | None = None
     """Name of the current load-generator Job."""
-    results: list[RunRecord] = Field(default_factory=list)
+    results: Annotated[list[RunRecord], Field(max_length=MAX_REPEATS)] = Field(default_factory=list)
     """Per-repeat measurements, kept until the step is closed."""
     metrics: Metrics | None = None
     """The step's metrics (worst case over repeats)."""
@@ -983,7 +994,7 @@ class TrialPrediction(_Status):
 class TrialRecord(_Status):
     """One trial: a setting, its progress and what it measured."""
 
-    index: Annotated[int, Field(ge=0)]
+    index: Annotated[int, Field(ge=0, le=MAX_TRIAL_INDEX)]
     """Position in the order trials were started (never reused by the BatchTuning)."""
     name: Annotated[str, Field(min_length=1, max_length=253)]
     """Name of the trial Deployment (<bt>-trial-<index>)."""
@@ -1013,7 +1024,7 @@ class TrialRecord(_Status):
     """Port the engine serves on in the trial pod."""
     ready_at: datetime | None = None
     """When the trial pod became ready."""
-    steps: list[LoadStepRecord] = Field(default_factory=list)
+    steps: Annotated[list[LoadStepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
     """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
     current: bool | None = None
     """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
@@ -1428,13 +1439,16 @@ class BatchTuningStatus(_Status):
     """The spec generation the status reflects."""
     phase: Phase | None = None
     """Where the tuning is."""
+    mode: ApplyMode | None = None
+    """The apply mode in effect: spec.apply.mode as resolved against the target (an unset mode is Recommend, or
+    PullRequest with spec.apply.git; a managed or owned target may turn Auto into Recommend)."""
     conditions: list[Condition] = Field(default_factory=list)
     """Progressing, Succeeded, Failed, Degraded."""
     trials_planned: Annotated[int, Field(ge=0)] = 0
     """Trials the plan holds."""
     trials_completed: Annotated[int, Field(ge=0)] = 0
     """Trials finished (Done, Infeasible or Failed)."""
-    next_trial_index: Annotated[int, Field(ge=0)] = 0
+    next_trial_index: Annotated[int, Field(ge=0, le=MAX_TRIAL_INDEX)] = 0
     """The index the next trial gets: trial names are never reused, not even across generations."""
     gpu_minutes: Annotated[float, Field(ge=0)] = 0
     """GPU-minutes this BatchTuning's trials held, every generation, round and plan together (devices x time from
@@ -1446,9 +1460,9 @@ class BatchTuningStatus(_Status):
     spec.trial.readinessTimeoutSeconds the tuning fails and its trials are freed."""
     baseline: Baseline | None = None
     """Production's settings when tuning started."""
-    pruned: list[PrunedSetting] = Field(default_factory=list)
+    pruned: Annotated[list[PrunedSetting], Field(max_length=MAX_PRUNED_IN_STATUS)] = Field(default_factory=list)
     """Settings never tried, and why."""
-    trials: list[TrialRecord] = Field(default_factory=list)
+    trials: Annotated[list[TrialRecord], Field(max_length=MAX_TRIALS_IN_STATUS)] = Field(default_factory=list)
     """Every trial started, in order."""
     best_trial: str | None = None
     """Name of the best trial."""

@@ -155,7 +155,7 @@ async def login(**kwargs: Any) -> Any:
 @kopf.index("apps", "v1", "deployments", labels=OURS)
 def owned_deployments(namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> Any:
     uid = owner_uid(meta)
-    return {(namespace, uid): {"name": name}} if uid else None
+    return {(namespace, uid): {"name": name, "uid": meta.get("uid")}} if uid else None
 
 
 @kopf.index("apps", "v1", "deployments")
@@ -168,7 +168,7 @@ def deployment_versions(namespace: str | None, name: str, meta: kopf.Meta, **_: 
 @kopf.index("batch", "v1", "jobs", labels=OURS)
 def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
     uid = owner_uid(meta)
-    return {(namespace, uid): {"name": name, "status": dict(status)}} if uid else None
+    return {(namespace, uid): {"name": name, "uid": meta.get("uid"), "status": dict(status)}} if uid else None
 
 
 @kopf.index("v1", "pods", labels=OURS)

@@ -88,10 +88,18 @@ def owner_uid(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+def controller_refs(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The object's controller ownerReference, as `core.ownership.controller_owner` reads it (the rest is not kept)."""
+    return [{k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+            for ref in meta.get("ownerReferences") or [] if ref.get("controller") is True]
+
+
 def pod_digest(body: Mapping[str, Any]) -> dict[str, Any]:
     meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
     return {
-        "metadata": {k: meta.get(k) for k in ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp")},
+        "metadata": {**{k: meta.get(k) for k in ("name", "namespace", "labels", "creationTimestamp",
+                                                  "deletionTimestamp")},
+                     "ownerReferences": controller_refs(meta)},
         "spec": {"nodeName": spec.get("nodeName"),
                  # Init containers too: an accelerator an init container holds counts (core.gpus.pod_accelerators).
                  **{kind: [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get(kind) or []]
@@ -155,6 +163,30 @@ class DeploymentCache:
 DEPLOYMENTS = DeploymentCache()
 
 
+class ReplicaSetControllers:
+    """ReplicaSet uid -> its controller's uid, as read once (a ReplicaSet's uid names one object for good, and a
+    Deployment's ReplicaSets are not adopted by another): a trial pod's owner is checked with one GET per
+    ReplicaSet, not per tick. Bounded: the oldest entries go first."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: OrderedDict[str, str | None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def get(self, uid: str) -> tuple[bool, str | None]:
+        with self._lock:
+            return (uid in self._entries, self._entries.get(uid))
+
+    def put(self, uid: str, controller: str | None) -> None:
+        with self._lock:
+            self._entries[uid] = controller
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+
+
+REPLICA_SETS = ReplicaSetControllers()
+
+
 class KubeCluster:
     """`ports.Cluster` for a real API server."""
 
@@ -162,6 +194,7 @@ class KubeCluster:
         self.indexes = indexes
         self.secret_label = secret_label
         self.cache = cache if cache is not None else DEPLOYMENTS
+        self.replica_sets = REPLICA_SETS
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -192,6 +225,24 @@ class KubeCluster:
     def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]:
         return list(self.indexes.batchtune_pods.get((namespace, label_value(tuning), str(index), COMPONENT_TRIAL), ()))
 
+    def replica_set_controller(self, namespace: str, name: str, uid: str) -> str | None:
+        known, controller = self.replica_sets.get(uid)
+        if known:
+            return controller
+        try:
+            found = client.AppsV1Api(api()).read_namespaced_replica_set(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None  # gone, or never was: no pod of it is evidence
+            raise
+        meta = _sanitize(found).get("metadata") or {}
+        if meta.get("uid") != uid:
+            return None  # another ReplicaSet of that name: the pod's reference is not to it
+        owner = next(iter(controller_refs(meta)), None)
+        controller = str(owner["uid"]) if owner and owner.get("kind") == "Deployment" else None
+        self.replica_sets.put(uid, controller)
+        return controller
+
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
         status = job.get("status") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
@@ -199,14 +250,8 @@ class KubeCluster:
         finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
         ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
             "lastTransitionTime")
-        message = None
-        if finished:
-            for pod in self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ()):
-                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                    terminated = (cs.get("state") or {}).get("terminated") or {}
-                    if terminated.get("message"):
-                        message = str(terminated["message"])
-        return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), message)
+        pods = tuple(self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ())) if finished else ()
+        return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), pods)
 
     def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         text = selector_text(selector)
@@ -354,4 +399,4 @@ def upsert_configmap(body: Mapping[str, Any]) -> None:
 
 
 __all__ = ["COMPONENT_LOAD", "FIELD_MANAGER", "Indexes", "KubeCluster", "LABEL_COMPONENT", "LABEL_TRIAL",
-           "LABEL_TUNING", "load_config", "owner_uid", "pod_digest", "selector_text", "upsert_configmap"]
+           "LABEL_TUNING", "controller_refs", "load_config", "owner_uid", "pod_digest", "selector_text", "upsert_configmap"]

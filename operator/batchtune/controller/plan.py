@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from batchtune.api import (
+    MAX_PRUNED_IN_STATUS,
     Baseline,
     CurveLoadRecord,
     CurveLoadType,
@@ -26,8 +27,6 @@ from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
 from batchtune.engines import ArgsError, Invocation
 from batchtune.prometheus import PrometheusUnavailable
-
-MAX_PRUNED_IN_STATUS = 200
 
 
 def spec_problems(tick: Tick, target: Target) -> list[str]:
@@ -162,6 +161,7 @@ def plan(tick: Tick) -> None:
     except ArgsError as exc:
         tick.fail(Reason.UNSUPPORTED_ARGS, f"Deployment {tick.tuning.namespace}/{target.name}: {exc}")
         return
+    tick.mode_decision(target)  # the mode in effect shows in status from planning on
     problems = spec_problems(tick, target)
     if problems:
         tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))

@@ -35,13 +35,14 @@ class JobRun:
     failed: bool
     started: datetime | None = None
     ended: datetime | None = None
-    message: str | None = None
-    """Its pod's termination message (the load generator's summary), when it wrote one."""
+    pods: tuple[Mapping[str, Any], ...] = ()
+    """The pods labelled as its own (digests with ownerReferences): only those it controls are its
+    (`core.pods.load_message`)."""
 
 
 @dataclass(frozen=True)
 class Owned:
-    """The Deployments and Jobs a BatchTuning owns, by name."""
+    """The Deployments and Jobs a BatchTuning owns, by name (each with its `uid`)."""
 
     deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     jobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -52,7 +53,12 @@ class Cluster(Protocol):
 
     def owned(self, namespace: str, tuning_uid: str) -> Owned: ...
 
-    def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]: ...
+    def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]:
+        """Pods labelled as the trial's (with their ownerReferences): labels alone prove nothing
+        (`core.pods.owned_trial_pods`)."""
+
+    def replica_set_controller(self, namespace: str, name: str, uid: str) -> str | None:
+        """The uid of ReplicaSet `name`'s controller when that ReplicaSet has `uid`; else None."""
 
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun: ...
 

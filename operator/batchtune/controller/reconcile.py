@@ -24,7 +24,7 @@ from batchtune.controller.plan import plan
 from batchtune.controller.ports import Conflict, NotAllowed, Ports
 from batchtune.controller.tick import Log, Tick, Tuning
 from batchtune.controller.trials import trials
-from batchtune.core.vocabulary import Phase, Reason
+from batchtune.core.vocabulary import ConditionType, Phase, Reason
 
 STEPS = {
     Phase.PENDING: plan, Phase.PLANNING: plan, Phase.TRIALING: trials, Phase.SELECTING: select,
@@ -36,8 +36,11 @@ STEPS = {
 def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> dict[str, Any]:
     """One tick: the status patch that records the step taken (empty when nothing changed)."""
     tick = Tick(tuning, ports, now, log)
-    before = status_io.wire(tick.status)
+    # An unreadable status is overwritten whole: every key the fresh one lacks is deleted.
+    before = dict(tuning.status or {}) if tick.status_problem else status_io.wire(tick.status)
     try:
+        if tick.status_problem:
+            unreadable(tick)
         step(tick)
     finally:
         collect_garbage(tick)
@@ -73,6 +76,15 @@ def step(tick: Tick) -> None:
     if was.touches_production and tick.phase.terminal:
         submit_report(tick)  # the report written at the decision did not know what production made of it
     retune.track(tick)
+
+
+def unreadable(tick: Tick) -> None:
+    """Status no longer reads as this operator wrote it (edited by hand, or forged): it is only a checkpoint, so the
+    tuning starts afresh and says which fields were refused."""
+    message = f"Status could not be read; the tuning started afresh: {tick.status_problem}"
+    tick.condition(ConditionType.DEGRADED, True, Reason.STATUS_UNREADABLE, message)
+    tick.event(True, Reason.STATUS_UNREADABLE, message)
+    tick.log.warning("Tuning %s: %s", tick.tuning.name, message)
 
 
 def watch(tick: Tick) -> None:

@@ -200,12 +200,8 @@ def current_is_candidate(status: BatchTuningStatus, view: View, engine: Engine, 
     current = next((t for t in status.trials if t.current), None)
     if current is None:
         return False
-    space = view.spec.space
     setting = current.setting.core()
-    if setting.max_num_seqs not in space.max_num_seqs or \
-            setting.gpu_memory_utilization_percent not in space.gpu_memory_utilization_percent or \
-            (setting.max_num_batched_tokens not in space.max_num_batched_tokens if space.max_num_batched_tokens
-             else setting.max_num_batched_tokens is not None):
+    if not view.spec.space.contains(setting):
         return False
     rewritten = engine.rewrite(container, setting, view.spec.extra_args)
     return all(rewritten.get(k) == container.get(k) for k in ("command", "args"))

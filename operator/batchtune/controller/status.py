@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from batchtune.api import BatchTuningStatus, Condition, ConditionStatus, parse_status
+from batchtune.api import MAX_TRIAL_INDEX, BatchTuningStatus, Condition, ConditionStatus, parse_status
 from batchtune.api.errors import InvalidBatchTuning
 from batchtune.core.vocabulary import ConditionType
 
@@ -24,10 +24,32 @@ def now_iso(now: datetime) -> str:
 
 def load(raw: Mapping[str, Any] | None) -> BatchTuningStatus:
     """The typed status; a status this operator cannot read starts afresh (it is only a checkpoint)."""
+    return read(raw)[0]
+
+
+def read(raw: Mapping[str, Any] | None) -> tuple[BatchTuningStatus, str | None]:
+    """The typed status and, when it cannot be read, why (naming each field and value): then a fresh status whose
+    trial counter is past every readable trial index, so no trial name is reused."""
     try:
-        return parse_status(dict(raw or {}))
-    except InvalidBatchTuning:
-        return BatchTuningStatus()
+        return parse_status(dict(raw or {})), None
+    except InvalidBatchTuning as exc:
+        fresh = BatchTuningStatus()
+        fresh.next_trial_index = _next_index(raw or {})
+        return fresh, str(exc)
+
+
+def _next_index(raw: Mapping[str, Any]) -> int:
+    """The highest trial counter the unreadable status still says plainly (a forged one out of range is ignored)."""
+    trials = raw.get("trials")
+    found: list[Any] = [raw.get("nextTrialIndex")]
+    for trial in trials if isinstance(trials, list) else []:
+        if isinstance(trial, dict) and _index(trial.get("index")):
+            found.append(int(trial["index"]) + 1)
+    return max((int(n) for n in found if _index(n)), default=0)
+
+
+def _index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TRIAL_INDEX
 
 
 def wire(status: BatchTuningStatus) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import AppliedRecord, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
+from batchtune.api import AppliedRecord, ApplyMode, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
 from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import records, telemetry
 from batchtune.controller import status as status_io
@@ -25,7 +25,7 @@ from batchtune.core.gpus import TrialDevices, trial_devices
 from batchtune.core.manifests import LABEL_TUNING
 from batchtune.core.policy import prometheus_url_problem
 from batchtune.core.promql import QueryContext, rate_window_seconds
-from batchtune.core.recommend import ContainerArgs, production_args
+from batchtune.core.recommend import ContainerArgs, production_args, unmeasured
 from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.tuning import View, view_of
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, TrialState, Verdict
@@ -88,8 +88,11 @@ class Tick:
     _reader: MetricsReader | None = None
     _scrape: ScrapeInterval | None = None
 
+    status_problem: str | None = field(init=False, default=None)
+    """Why the status as read could not be used (each field and value); then the tick started from a fresh one."""
+
     def __post_init__(self) -> None:
-        self.status = status_io.load(self.tuning.status)
+        self.status, self.status_problem = status_io.read(self.tuning.status)
 
     # ---- the spec ------------------------------------------------------------------------------
 
@@ -254,8 +257,11 @@ class Tick:
                        self.ports.install.argocd_instance_labels)
         owned = ownership.apply_mode(spec_mode, target.deployment)
         if owned.forced:
-            return ModeDecision(Mode.RECOMMEND, owned.why, detection=found, forced=True)
-        return resolve_mode(spec_mode, a.git is not None, found, [m.value for m in a.auto_under_managers or ()])
+            decision = ModeDecision(Mode.RECOMMEND, owned.why, detection=found, forced=True)
+        else:
+            decision = resolve_mode(spec_mode, a.git is not None, found, [m.value for m in a.auto_under_managers or ()])
+        self.status.mode = ApplyMode(decision.mode.value)  # the mode in effect, for status and `kubectl get bt`
+        return decision
 
     def apply_mode(self, target: Target) -> str:
         """Auto, Recommend or PullRequest (`mode_decision`)."""
@@ -309,9 +315,16 @@ class Tick:
 
     def args_change(self, target: Target) -> tuple[ContainerArgs, ContainerArgs] | None:
         """(production's args, its args with the recommendation), or None when production already runs the
-        recommendation (then Succeeded, AlreadyOptimal): the step Auto (apply) and PullRequest (gitdelivery) share."""
+        recommendation (then Succeeded, AlreadyOptimal) or it is no measured point of the search space (then Failed,
+        UnmeasuredRecommendation): the step Auto (apply) and PullRequest (gitdelivery) share."""
         assert self.status.recommendation is not None
         setting = self.status.recommendation.setting.core()
+        problem = unmeasured(setting, self.view.spec.space,
+                             (t.setting.core() for t in self.status.trials if t.state is TrialState.DONE))
+        if problem is not None:
+            self.fail(Reason.UNMEASURED_RECOMMENDATION, f"Production was not changed: {problem} "
+                                                        "(status.recommendation is not evidence)")
+            return None
         desired = production_args(target.engine, target.container, setting, self.view.spec.extra_args)
         current = ContainerArgs.of(target.container)
         if current == desired:

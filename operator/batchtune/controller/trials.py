@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from batchtune.api import LoadStepRecord, Setting, TrialPrediction, TrialRecord
+from batchtune.api import MAX_TRIAL_INDEX, LoadStepRecord, Setting, TrialPrediction, TrialRecord
 from batchtune.controller import guidance, records
 from batchtune.controller.ports import Owned
 from batchtune.controller.tick import Target, Tick
@@ -30,7 +30,7 @@ from batchtune.core.manifests import (
     load_profile,
     trial_name,
 )
-from batchtune.core.pods import TrialFailure, classify_pod, log_wanted, pod_is_ready
+from batchtune.core.pods import TrialFailure, classify_pod, load_message, log_wanted, owned_trial_pods, pod_is_ready
 from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import RunResult
@@ -72,6 +72,8 @@ def trials(tick: Tick) -> None:
     exhausted = records.gpu_minutes_spent(tick.status, tick.now) >= budget
     if exhausted:
         stop_at_budget(tick, budget)
+    if not exhausted and counter_spent(tick):
+        return
     strategy_done = False if exhausted else launch(tick, target, owned, devices)
     conclude_trialing(tick, budget, exhausted, strategy_done)
 
@@ -159,6 +161,15 @@ def launch(tick: Tick, target: Target, owned: Owned, devices: TrialDevices) -> b
     return False
 
 
+def counter_spent(tick: Tick) -> bool:
+    """The trial counter has no index left for the trials still to start (only a forged counter gets here): Failed."""
+    if tick.status.next_trial_index + tick.status.trials_planned - len(tick.status.trials) <= MAX_TRIAL_INDEX:
+        return False
+    tick.fail(Reason.STATUS_UNREADABLE, f"status.nextTrialIndex {tick.status.next_trial_index} leaves no trial index "
+                                        f"up to {MAX_TRIAL_INDEX}; edit the spec to start afresh")
+    return True
+
+
 def search(tick: Tick, advice: TwinAdvice | None = None) -> Search:
     """The strategy rebuilt from spec and status alone (pure), so a restarted operator asks the same.
 
@@ -214,7 +225,7 @@ def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> N
         if tick.ports.cluster.create(manifest):
             tick.log.info("Created trial Deployment %s", trial.name)
         return
-    pod = trial_pod(tick, trial)
+    pod = trial_pod(tick, trial, owned)
     readiness = tick.view.spec.trial.readiness_timeout_seconds
     if pod is not None and pod_is_ready(pod):
         trial.pod_ip = (pod.get("status") or {}).get("podIP")
@@ -232,8 +243,12 @@ def deploying(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> N
         failed(tick, trial, failure)
 
 
-def trial_pod(tick: Tick, trial: TrialRecord) -> dict[str, Any] | None:
-    pods = tick.ports.cluster.trial_pods(tick.tuning.namespace, tick.tuning.name, trial.index)
+def trial_pod(tick: Tick, trial: TrialRecord, owned: Owned) -> Mapping[str, Any] | None:
+    """The trial Deployment's own newest live pod: one that only carries its labels is never judged or targeted."""
+    cluster, namespace = tick.ports.cluster, tick.tuning.namespace
+    deployment_uid = (owned.deployments.get(trial.name) or {}).get("uid")
+    pods = owned_trial_pods(cluster.trial_pods(namespace, tick.tuning.name, trial.index), deployment_uid,
+                            lambda name, uid: cluster.replica_set_controller(namespace, name, uid))
     # A pod the node rejected (phase Failed) is replaced by its ReplicaSet; never judge by it.
     pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
             and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")]
@@ -270,7 +285,7 @@ def trial_plan(tick: Tick, trial: TrialRecord) -> trial_loop.TrialPlan:
 
 
 def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> None:
-    pod = trial_pod(tick, trial)
+    pod = trial_pod(tick, trial, owned)
     current = next((s for s in trial.steps if s.verdict is None), None)
     if pod is None or not pod_is_ready(pod):
         failure = classify_pod(pod, str(target.container["name"]), tick.now, 0, target.engine,
@@ -297,7 +312,7 @@ def measuring(tick: Tick, target: Target, trial: TrialRecord, owned: Owned) -> N
         return  # intent first; the Job is created on the next tick
     job = owned.jobs.get(name)
     if job is None:
-        create_load_job(tick, target, trial, trial_loop.run_of(plan, records.steps_of(trial), index), name)
+        create_load_job(tick, target, trial, trial_loop.run_of(plan, records.steps_of(trial), index), name, pod)
         trial.state = TrialState.WARMING
         return
     result = read_run(tick, target, trial, current, job, pod)
@@ -327,11 +342,12 @@ def read_run(tick: Tick, target: Target, trial: TrialRecord, current: LoadStepRe
         if run.started and run.started + timedelta(seconds=spec.trial.warmup_seconds) < tick.now:
             trial.state = TrialState.MEASURING
         return None
+    message = load_message(run.pods, job.get("uid"))
     if run.failed:
         retry(tick, trial, current, Reason.LOAD_GENERATOR_FAILED,
-              f"the load generator failed: {(run.message or 'no termination message')[:300]}")
+              f"the load generator failed: {(message or 'no termination message')[:300]}")
         return None
-    summary = _summary(run.message)
+    summary = _summary(message)
     window = measurement.measurement_window(summary, run.started, run.ended, spec.trial.warmup_seconds)
     if window is None:
         retry(tick, trial, current, Reason.MEASUREMENT_UNAVAILABLE, "the load run has no measurement window")
@@ -368,12 +384,16 @@ def read_run(tick: Tick, target: Target, trial: TrialRecord, current: LoadStepRe
     return measurement.run_result(values, summary, tick.view.slo.percentile)
 
 
-def create_load_job(tick: Tick, target: Target, trial: TrialRecord, run: trial_loop.Run, name: str) -> None:
+def create_load_job(tick: Tick, target: Target, trial: TrialRecord, run: trial_loop.Run, name: str,
+                    pod: Mapping[str, Any]) -> None:
+    """The load Job for one run, aimed at the trial Deployment's own pod (`pod`), never at an address status holds."""
     plan, spec = tick.status.plan, tick.view.spec
     limits = plan.engine_limits if plan else None
     profile = load_profile(tick.view, run, spec.strategy.seed + trial.index * 1000 + len(trial.steps),
                            records.curve_of(plan), limits.max_model_len if limits else None)
     model = plan.served_model if plan and plan.served_model else ""
+    trial.pod_ip = (pod.get("status") or {}).get("podIP")
+    trial.port = target.engine.serving_port(target.container)
     base_url = f"http://{trial.pod_ip}:{trial.port}"
     operator_image = tick.ports.install.operator_image
     if not spec.load.builtin_generator:

@@ -217,9 +217,9 @@ class Mode(StrEnum):
     PULL_REQUEST = "PullRequest"
 
 
-UNMANAGED_DEFAULT = Mode.AUTO
+UNMANAGED_DEFAULT = Mode.RECOMMEND
 """What an unset spec.apply.mode means on a Deployment no manager was detected on (and no Git is
-configured). The one place that default lives."""
+configured): changing production is an explicit choice (`mode: Auto`). The one place that default lives."""
 
 
 @dataclass(frozen=True)

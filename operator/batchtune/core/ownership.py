@@ -25,6 +25,7 @@ class Owner:
     kind: str
     name: str
     api_version: str
+    uid: str = ""
 
     @property
     def group(self) -> str:
@@ -48,7 +49,8 @@ def controller_owner(obj: Mapping[str, Any]) -> Owner | None:
     """The object's controller (the ownerReference with `controller: true`), or None."""
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("controller") is True:
-            return Owner(str(ref.get("kind") or "?"), str(ref.get("name") or "?"), str(ref.get("apiVersion") or ""))
+            return Owner(str(ref.get("kind") or "?"), str(ref.get("name") or "?"), str(ref.get("apiVersion") or ""),
+                         str(ref.get("uid") or ""))
     return None
 
 

@@ -43,6 +43,13 @@ class SearchSpace:
         if not self.gpu_memory_utilization_percent:
             raise ValueError("searchSpace.gpuMemoryUtilizationPercent is empty")
 
+    def contains(self, setting: Setting) -> bool:
+        """Whether the setting is a point of this space (no batched-tokens values: the setting leaves it unset)."""
+        return (setting.max_num_seqs in self.max_num_seqs
+                and setting.gpu_memory_utilization_percent in self.gpu_memory_utilization_percent
+                and (setting.max_num_batched_tokens in self.max_num_batched_tokens if self.max_num_batched_tokens
+                     else setting.max_num_batched_tokens is None))
+
 
 @dataclass(frozen=True)
 class EngineLimits:

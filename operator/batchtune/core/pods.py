@@ -1,12 +1,18 @@
-"""Why a trial pod did not become ready: pure classification of pod status, with the engine's failure texts."""
+"""Which pods are evidence, and why a trial pod did not become ready: pure decisions on pod status.
+
+Labels are no evidence: anyone who may create pods in the namespace can copy them. A load pod counts only when its
+controller is the load Job (by uid), a trial pod only when its controller is a ReplicaSet whose controller is the
+trial Deployment (by uid).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from batchtune.core.ownership import controller_owner
 from batchtune.core.vocabulary import Reason
 
 if TYPE_CHECKING:
@@ -122,3 +128,37 @@ def pod_is_ready(pod: Mapping[str, Any]) -> bool:
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def controlled_by(obj: Mapping[str, Any], kind: str, uid: str | None) -> bool:
+    """Whether the object's controller ownerReference is the `kind` object of that uid."""
+    owner = controller_owner(obj)
+    return bool(uid) and owner is not None and owner.kind == kind and owner.uid == uid
+
+
+def load_message(pods: Iterable[Mapping[str, Any]], job_uid: str | None) -> str | None:
+    """The load generator's termination message from the Job's own pods (controlled by `job_uid`); pods that only
+    carry the Job's labels are ignored."""
+    message = None
+    for pod in sorted((p for p in pods if controlled_by(p, "Job", job_uid)),
+                      key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (cs.get("state") or {}).get("terminated") or {}
+            if terminated.get("message"):
+                message = str(terminated["message"])
+    return message
+
+
+def owned_trial_pods(pods: Iterable[Mapping[str, Any]], deployment_uid: str | None,
+                     replica_set_controller: Callable[[str, str], str | None]) -> list[Mapping[str, Any]]:
+    """The pods of the trial Deployment `deployment_uid`: controlled by a ReplicaSet that it controls.
+
+    `replica_set_controller(name, uid)`: the uid of the controller of ReplicaSet `name` when that ReplicaSet has this
+    uid, else None."""
+    out = []
+    for pod in pods:
+        owner = controller_owner(pod)
+        if deployment_uid and owner is not None and owner.kind == "ReplicaSet" and owner.uid \
+                and replica_set_controller(owner.name, owner.uid) == deployment_uid:
+            out.append(pod)
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from batchtune.core.objective import Objective
 from batchtune.core.settings import Setting, percent_to_fraction
 
 if TYPE_CHECKING:
+    from batchtune.core.planning import SearchSpace
     from batchtune.engines import Engine
 
 
@@ -53,6 +54,20 @@ class Recommendation:
     json_patch: str
     kustomize_patch: str
     helm_values: str
+
+
+def unmeasured(setting: Setting, space: SearchSpace, measured: Iterable[Setting]) -> str | None:
+    """Why production may not get `setting`, or None: it must be a point of spec.searchSpace that a trial of this
+    generation measured. Status is no evidence (anyone who may write it can write any setting there); the spec and
+    the trials bound what is applied."""
+    if not space.contains(setting):
+        return (f"the recommended setting {setting.label()} is outside spec.searchSpace (maxNumSeqs "
+                f"{list(space.max_num_seqs)}, gpuMemoryUtilizationPercent {list(space.gpu_memory_utilization_percent)}"
+                + (f", maxNumBatchedTokens {list(space.max_num_batched_tokens)}" if space.max_num_batched_tokens
+                   else "") + ")")
+    if setting not in set(measured):
+        return f"no trial of this generation measured the recommended setting {setting.label()}"
+    return None
 
 
 def production_args(engine: Engine, container: Mapping[str, Any], setting: Setting,

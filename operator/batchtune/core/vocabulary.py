@@ -107,6 +107,8 @@ class Reason(StrEnum):
     UNCOUNTED_ACCELERATOR = "UncountedAccelerator"
     NOT_ALLOWED = "NotAllowed"
     EMPTY_SEARCH_SPACE = "EmptySearchSpace"
+    STATUS_UNREADABLE = "StatusUnreadable"
+    UNMEASURED_RECOMMENDATION = "UnmeasuredRecommendation"
     WAITING_FOR_PRODUCTION_DATA = "WaitingForProductionData"
     # Planning and trials
     PLANNED = "Planned"
