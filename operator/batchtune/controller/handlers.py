@@ -65,6 +65,7 @@ def install_from_env() -> Install:
         if os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") else None,
         scrape_lag_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_LAG_SECONDS", "6")),
         measurement_deadline_seconds=int(os.environ.get("BATCHTUNE_MEASUREMENT_DEADLINE_SECONDS", "600")),
+        extra_flags=listed("BATCHTUNE_ALLOWED_EXTRA_FLAGS"),
     )
 
 

@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--allowed-git-url", action="append", default=[],
                    help="a URL prefix spec.apply.git.url and forge.apiUrl must start with (repeatable; none: no "
                         "PullRequest mode)")
+    p.add_argument("--allowed-extra-flag", action="append", default=[], metavar="FLAG",
+                   help="an engine flag spec.searchSpace.extraArgs may add besides the engine's default list "
+                        "(batching, scheduling, memory); repeatable")
     p.add_argument("--argocd-instance-label", action="append", default=[],
                    help="a label Argo CD's label tracking uses here (repeatable; default app.kubernetes.io/instance "
                         "and argocd.argoproj.io/instance)")
@@ -73,6 +76,18 @@ def elector(args: argparse.Namespace) -> Any:
                           leader.identity(), times, where=where)
 
 
+def allowed_extra_flags(flags: list[str]) -> list[str]:
+    """The install's extra engine flags, canonical; SystemExit naming each one the engine does not take."""
+    from batchtune.admission import install_flag_problems
+    from batchtune.engines import VLLM
+
+    names = [f.removeprefix("--") for f in flags]
+    problems = install_flag_problems(VLLM, names)
+    if problems:
+        raise SystemExit("batchtune operator: " + "; ".join(problems))
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -89,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         os.environ["BATCHTUNE_ALLOWED_LOAD_IMAGES"] = ",".join(args.allowed_load_image)
     if args.allowed_git_url:
         os.environ["BATCHTUNE_ALLOWED_GIT_URLS"] = ",".join(args.allowed_git_url)
+    if args.allowed_extra_flag:
+        os.environ["BATCHTUNE_ALLOWED_EXTRA_FLAGS"] = ",".join(allowed_extra_flags(args.allowed_extra_flag))
     if args.argocd_instance_label:
         os.environ["BATCHTUNE_ARGOCD_INSTANCE_LABELS"] = ",".join(args.argocd_instance_label)
     if args.allowed_prometheus_url:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from batchtune.admission import numerics_message, numerics_unconfirmed
 from batchtune.api import AppliedRecord, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
 from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import status as status_io
@@ -228,7 +229,13 @@ class Tick:
         owned = ownership.apply_mode(spec_mode, target.deployment)
         if owned.forced:
             return ModeDecision(Mode.RECOMMEND, owned.why, detection=found, forced=True)
-        return resolve_mode(spec_mode, a.git is not None, found, [m.value for m in a.auto_under_managers or ()])
+        decision = resolve_mode(spec_mode, a.git is not None, found, [m.value for m in a.auto_under_managers or ()])
+        unconfirmed = numerics_unconfirmed(target.engine, self.spec)
+        if decision.mode is Mode.AUTO and unconfirmed:  # a person decides on a change to what production outputs
+            fallback = Mode.PULL_REQUEST if a.git is not None else Mode.RECOMMEND
+            return ModeDecision(fallback, f"{numerics_message(unconfirmed)}; using {fallback.value}", downgraded=True,
+                                detection=found)
+        return decision
 
     def apply_mode(self, target: Target) -> str:
         """Auto, Recommend or PullRequest (`mode_decision`)."""
