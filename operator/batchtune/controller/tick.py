@@ -233,8 +233,7 @@ class Tick:
         unconfirmed = numerics_unconfirmed(target.engine, self.spec)
         if decision.mode is Mode.AUTO and unconfirmed:  # a person decides on a change to what production outputs
             fallback = Mode.PULL_REQUEST if a.git is not None else Mode.RECOMMEND
-            return ModeDecision(fallback, f"{numerics_message(unconfirmed)}; using {fallback.value}", downgraded=True,
-                                detection=found)
+            return ModeDecision(fallback, numerics_message(unconfirmed), downgraded=True, detection=found)
         return decision
 
     def apply_mode(self, target: Target) -> str:

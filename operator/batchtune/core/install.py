@@ -43,6 +43,29 @@ class Install:
     """Engine flags (canonical, no dashes) `spec.searchSpace.extraArgs` may add besides the engine's default list."""
 
 
+def install_from_environment(env: Mapping[str, str], version: str) -> Install:
+    """The Install `batchtune operator` runs with: its flags, passed on as environment (controller/main.py)."""
+    def listed(name: str) -> tuple[str, ...]:
+        return tuple(x for x in env.get(name, "").split(",") if x)
+
+    return Install(
+        operator_image=env.get("BATCHTUNE_IMAGE", f"batchtune:{version}"),
+        load_images=listed("BATCHTUNE_ALLOWED_LOAD_IMAGES"),
+        prometheus_urls=listed("BATCHTUNE_ALLOWED_PROMETHEUS_URLS"),
+        max_gpu_minutes=int(env.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
+        secret_label=env.get("BATCHTUNE_SECRET_LABEL", "batchtune.io/prometheus-token"),
+        git_urls=listed("BATCHTUNE_ALLOWED_GIT_URLS"),
+        git_secret_label=env.get("BATCHTUNE_GIT_SECRET_LABEL", "batchtune.io/git-credentials"),
+        argocd_instance_labels=listed("BATCHTUNE_ARGOCD_INSTANCE_LABELS") or DEFAULT_ARGOCD_INSTANCE_LABELS,
+        # An override; unset, each tuning's planning reads the interval from its Prometheus (core/scrape.py).
+        scrape_interval_seconds=float(env["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"])
+        if env.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") else None,
+        scrape_lag_seconds=float(env.get("BATCHTUNE_SCRAPE_LAG_SECONDS", "6")),
+        measurement_deadline_seconds=int(env.get("BATCHTUNE_MEASUREMENT_DEADLINE_SECONDS", "600")),
+        extra_flags=listed("BATCHTUNE_ALLOWED_EXTRA_FLAGS"),
+    )
+
+
 class InvalidValues(ValueError):
     """A Helm values file the chart would not install with; the message names the key and the value."""
 

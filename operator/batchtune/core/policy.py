@@ -68,7 +68,9 @@ def _url_problem(url: str, allowed_prefixes: Sequence[str], field: str, what: st
 # [host[:port]/]path[:tag][@algorithm:hex]. RE2 and Python read it alike; the CRD's CEL rule holds a copy.
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
-IMAGE_REFERENCE = (rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+# A first component is a registry only when it has a dot or a port or is localhost (as the runtime reads it).
+_DOMAIN = rf"(?:localhost(?::[0-9]+)?|{_DOMAIN_PART}(?:\.{_DOMAIN_PART})+(?::[0-9]+)?|{_DOMAIN_PART}:[0-9]+)"
+IMAGE_REFERENCE = (rf"^(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
                    r"(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
                    r":[0-9a-fA-F]{32,})?$")
 IMAGE_REFERENCE_MESSAGE = "is not an image reference"

@@ -260,7 +260,7 @@ class Engine(ABC):
                                 f"{self.display}; allowed: {', '.join('--' + f for f in sorted(allowed))} "
                                 "(Helm value searchSpace.allowedExtraFlags allows more)")
             elif spelled.lstrip("-") != canon:
-                problems.append(f"{spelled!r}: spell the flag in full, --{canon}")
+                problems.append(f"{shown!r}: spell the flag in full, --{canon}")
             else:
                 problem = self.flag_value(canon).problem(value)
                 if problem:
