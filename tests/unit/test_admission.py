@@ -305,3 +305,20 @@ def test_validate_names_what_is_wrong_with_a_values_file(tmp_path, capsys, conte
     assert main(["validate", "-f", bt, "--values", str(values)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{values}: cannot use as Helm values: ") and words in err, err
+
+
+def test_the_crd_holds_the_models_rules_in_the_same_words():
+    """One definition: the CRD's CEL rules on images, labels and keys carry the models' regex and messages."""
+    from batchtune.api.models import KEY_MESSAGE, RESERVED_LABEL_MESSAGE
+    from batchtune.core.policy import IMAGE_REFERENCE, IMAGE_REFERENCE_MESSAGE
+
+    crd = yaml.safe_load((REPO / "crds" / "batchtune.io_batchtunings.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    (image,) = spec["load"]["properties"]["image"]["x-kubernetes-validations"]
+    assert image == {"rule": f"self.matches('{IMAGE_REFERENCE}')".replace("\\", "\\\\"), "message": IMAGE_REFERENCE_MESSAGE}
+    prom = spec["prometheus"]["properties"]
+    for labels in ("labels", "gpuLabels"):
+        for name, node in prom[labels]["properties"].items():
+            assert [r["message"] for r in node["x-kubernetes-validations"]] == [RESERVED_LABEL_MESSAGE], name
+    for ref in (prom["authSecretRef"], spec["load"]["properties"]["traceConfigMapRef"]):
+        assert [r["message"] for r in ref["properties"]["key"]["x-kubernetes-validations"]] == [KEY_MESSAGE]
