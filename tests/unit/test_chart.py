@@ -441,7 +441,8 @@ def test_validate_and_the_operator_read_the_same_values_file():
               "searchSpace": {"allowedExtraFlags": ["--dtype", "seed"]}, "image": {"tag": "7.7"}}
     parser = argparse.ArgumentParser()
     operator.add_parser(parser.add_subparsers())
-    args = [a for a in operator_container(render(*sets))["args"] if not a.startswith(("--liveness", "--metrics"))]
+    args = [a for a in operator_container(render(*sets))["args"]
+            if a.startswith(("--allowed-", "--max-gpu-minutes", "--operator-image", "--argocd-instance-label"))]
     env = operator.environment(parser.parse_args(["operator", *args]))
     assert install_from_environment(env, __version__) == install_from_values(values, __version__)
 
