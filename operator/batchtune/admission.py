@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchtune.api import BatchTuningSpec, Generator
+from batchtune.api import ApplyMode, BatchTuningSpec, Generator
 from batchtune.core.install import Install
 from batchtune.core.policy import git_url_problem, load_image_problem, prometheus_url_problem
 from batchtune.engines import Engine
@@ -36,7 +36,7 @@ def review(engine: Engine, spec: BatchTuningSpec, install: Install, production_i
     for i, item in enumerate(spec.search_space.extra_args or ()):
         out.invalid += [f"spec.searchSpace.extraArgs[{i}] {p}" for p in engine.check_extra_args([item], install.extra_flags)]
     unconfirmed = numerics_unconfirmed(engine, spec)
-    if unconfirmed:
+    if unconfirmed and spec.apply.mode in (None, ApplyMode.AUTO):  # Recommend and PullRequest leave it to a person
         out.notes.append(numerics_message(unconfirmed))
     allowed = list(install.load_images)
     bench = spec.load.generator is Generator.VLLM_BENCH
