@@ -54,6 +54,13 @@ def _values(node: dict[str, Any]) -> list[Any]:
             out += [value, value.lower(), value + " "]
         if "pattern" in node:
             out += ["UPPER", "with space", "a" * 300]
+    if kind == "string" and ("pattern" in node or "x-kubernetes-validations" in node):
+        # Issue 22's hostile inputs, where a rule reads strings: Prometheus' reserved label names, keys Kubernetes
+        # refuses, non-references as images, extra flags of the wrong form (which flags, and their values, are
+        # checked at planning). Only there: every case costs both validators a run.
+        out += ["__name__", "__x", "le", "quantile", ".", "..", "..data", ".hidden", "UPPER/case:1", "a//b:1",
+                "reg.example.com:5000/team/lg:1", "x@sha256:" + "0" * 64, "--enforce-eager=false", "--dtype",
+                "--max_num_seqs=8", "--a=$(HOME)"]
     if kind == "array":
         out += [[None], ["x"], [1, 1], [16, 32], list(range(16, 16 + 70))]
     if kind == "boolean":
@@ -204,3 +211,23 @@ def test_a_changed_object_or_metadata_is_judged_alike(sample: str, edit: Any, tm
 def test_the_generated_cases_cover_every_spec_field_and_refuse_many() -> None:
     assert len(SPEC_FIELDS) > 60
     assert sum(len(_values(n)) for _, n in SPEC_FIELDS) > 1000
+
+
+@pytest.mark.parametrize("path, value", [
+    pytest.param(("spec", "prometheus", "labels", "pod"), "__name__", id="label-name"),
+    pytest.param(("spec", "prometheus", "labels", "model"), "le", id="label-le"),
+    pytest.param(("spec", "prometheus", "gpuLabels", "namespace"), "__meta_x", id="gpu-label-meta"),
+    pytest.param(("spec", "prometheus", "authSecretRef"), {"name": "s", "key": ".."}, id="secret-key-dotdot"),
+    pytest.param(("spec", "prometheus", "authSecretRef"), {"name": "s", "key": "."}, id="secret-key-dot"),
+    pytest.param(("spec", "load", "traceConfigMapRef"), {"name": "t", "key": "..data"}, id="configmap-key"),
+    pytest.param(("spec", "load", "image"), "UPPER/case:1", id="image-upper"),
+    pytest.param(("spec", "load", "image"), "lg:1 && curl evil", id="image-shell"),
+    pytest.param(("spec", "load", "image"), "reg.example.com/x@sha256:short", id="image-digest"),
+])
+def test_the_hostile_inputs_of_issue_22_are_refused_by_validate_and_the_api_server(path, value, tmp_path: Path) -> None:
+    case = copy.deepcopy(SAMPLES["minimal"])
+    assert _set(case, path, value)
+    model = _models(case, tmp_path / "case.yaml")
+    server = api_server.validate(_as_kubectl_sends(case))
+    assert model and server, (model, server)
+    assert _related([e.path for e in model], [e.path for e in server])

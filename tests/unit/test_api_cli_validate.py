@@ -18,7 +18,8 @@ def test_valid_files_print_valid_per_object_and_exit_zero(capsys: pytest.Capture
     assert main(["validate", "-f", str(MINIMAL), "-f", str(FULL)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"{MINIMAL}: llama-8b: valid",
-        f"{FULL}: inference/llama-70b: valid",
+        f"{FULL}: inference/llama-70b: valid (note: spec.load.image 'vllm/vllm-openai:v0.10.1' must be the target's "
+        "own image (VllmBench) or one of load.allowedImages; the target's image is checked on the cluster)",
     ]
 
 

@@ -385,6 +385,8 @@ def test_a_secret_namespace_the_operator_does_not_watch_is_refused():
     pytest.param(("prometheus.allowedUrls={http://prom.monitoring.svc:9090,https://thanos.example.com/}",),
                  ["--allowed-prometheus-url=http://prom.monitoring.svc:9090",
                   "--allowed-prometheus-url=https://thanos.example.com/"], id="prometheus-urls"),
+    pytest.param(("searchSpace.allowedExtraFlags={--dtype,seed}",),
+                 ["--allowed-extra-flag=--dtype", "--allowed-extra-flag=seed"], id="extra-flags"),
 ])
 def test_bounds_are_passed_as_operator_flags(sets, present):
     args = operator_container(render(*sets))["args"]
@@ -422,6 +424,28 @@ def test_bound_flags_are_ones_the_operator_accepts():
     assert parsed.allowed_load_image == ["r.example.com/a:1", "r.example.com/b:2"]
     assert parsed.allowed_prometheus_url == ["http://prom:9090/"]
     assert parsed.max_gpu_minutes == 90
+
+
+def test_validate_and_the_operator_read_the_same_values_file():
+    """The values file parsed offline gives the Install the operator builds from the flags the chart renders."""
+    import argparse
+
+    from batchtune import __version__
+    from batchtune.controller import main as operator
+    from batchtune.core.install import install_from_environment, install_from_values
+
+    sets = ("load.allowedImages={r.example.com/a:1}", "prometheus.allowedUrls={http://prom:9090/}",
+            "git.allowedUrls={https://github.com/acme/}", "maxGpuMinutesPerTuning=90",
+            "searchSpace.allowedExtraFlags={--dtype,seed}", "image.tag=7.7")
+    values = {"load": {"allowedImages": ["r.example.com/a:1"]}, "prometheus": {"allowedUrls": ["http://prom:9090/"]},
+              "git": {"allowedUrls": ["https://github.com/acme/"]}, "maxGpuMinutesPerTuning": 90,
+              "searchSpace": {"allowedExtraFlags": ["--dtype", "seed"]}, "image": {"tag": "7.7"}}
+    parser = argparse.ArgumentParser()
+    operator.add_parser(parser.add_subparsers())
+    args = [a for a in operator_container(render(*sets))["args"]
+            if a.startswith(("--allowed-", "--max-gpu-minutes", "--operator-image", "--argocd-instance-label"))]
+    env = operator.environment(parser.parse_args(["operator", *args]))
+    assert install_from_environment(env, __version__) == install_from_values(values, __version__)
 
 
 # ---- the admission policy -------------------------------------------------------------------------

@@ -129,6 +129,47 @@ def test_extra_args_reach_trials_and_production_alike():
     assert "--enable-prefix-caching" in w.status["recommendation"]["args"]
 
 
+def test_a_numerics_flag_is_not_applied_in_auto_without_the_spec_s_word():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16, 32]}, "extraArgs": ["--kv-cache-dtype=fp8"]})
+    before = production_args(w)
+    assert w.run_until(TERMINAL) == "Recommended"
+    assert production_args(w) == before and w.patches == []
+    assert w.status["recommendation"]["args"][-2:] == ["--kv-cache-dtype", "fp8"]  # measured; a person applies it
+    degraded = w.condition("Degraded")
+    assert degraded["reason"] == "AutoDowngraded" and "--kv-cache-dtype" in degraded["message"]
+    assert "spec.apply.allowNumericsChange" in degraded["message"]
+
+
+def test_a_numerics_flag_is_applied_in_auto_when_the_spec_allows_it():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16, 32]}, "extraArgs": ["--kv-cache-dtype=fp8"]},
+              apply={"mode": "Auto", "allowNumericsChange": True})
+    assert w.run_until(TERMINAL) == "Succeeded"
+    assert production_args(w)[-2:] == ["--kv-cache-dtype", "fp8"]
+
+
+@pytest.mark.parametrize("arg", ["--dtype=half", "--seed=7", "--enable-log-requests", "--uvicorn-log-level=debug"])
+def test_a_flag_outside_the_default_list_is_refused_unless_the_install_allows_it(arg):
+    overrides = {"searchSpace": {"maxNumSeqs": {"values": [16]}, "extraArgs": [arg]}, "apply": {"mode": "Recommend"}}
+    w = world(**overrides)
+    assert w.run_until(TERMINAL) == "Failed"
+    failed = w.condition("Failed")
+    assert failed["reason"] == "InvalidSpec" and f"spec.searchSpace.extraArgs[0] '{arg.partition('=')[0]}'" in failed["message"]
+    allowing = Install(operator_image="batchtune:test", scrape_lag_seconds=0,
+                       extra_flags=(arg.partition("=")[0].removeprefix("--"),))
+    w = world(**overrides)
+    assert w.run_until(TERMINAL, install=allowing) == "Recommended"
+    name, _, value = arg.partition("=")
+    assert w.status["recommendation"]["args"][-2 if value else -1:] == ([name, value] if value else [name])
+
+
+def test_a_switch_given_a_value_fails_before_any_trial_loads_the_model():
+    w = world(searchSpace={"maxNumSeqs": {"values": [16]}, "extraArgs": ["--enforce-eager=false"]})
+    assert w.run_until(TERMINAL) == "Failed"
+    assert w.condition("Failed")["reason"] == "InvalidSpec" and "is a switch and takes no value" in \
+        w.condition("Failed")["message"]
+    assert not [c for c in w.created if c.startswith("Deployment/")]
+
+
 def test_production_command_line_is_recomputed_at_apply_not_taken_from_status():
     w = world()
     w.run_until({"Applying"})

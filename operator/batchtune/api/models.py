@@ -186,20 +186,49 @@ def _no_duplicates(items: list[T]) -> list[T]:
     return items
 
 
-def _allowed_extra_flag(arg: str) -> str:
-    # The same rule as the CRD's CEL: one flag per item, spelled in full, from the engine's allowed list.
-    from batchtune.engines.vllm import SAFE_EXTRA_FLAGS
-
-    if not EXTRA_ARG.match(arg):
+def _extra_flag_form(arg: str) -> str:
+    # The same rule as the CRD's pattern. Which flags, and their values, are the engine's and the install's
+    # to say (batchtune.admission): an install may allow more than the default list, which no CRD can know.
+    if not EXTRA_ARG.match(arg) or arg.endswith("\n"):
         raise PydanticCustomError(
             "extra_arg_form", "must be one flag per item, --name or --name=value (printable ASCII, no spaces, no $)", {"arg": arg})
-    name = arg.partition("=")[0][2:]
-    if name not in SAFE_EXTRA_FLAGS:
-        allowed = ", ".join("--" + f for f in sorted(SAFE_EXTRA_FLAGS))
-        raise PydanticCustomError(
-            "extra_arg_not_allowed",
-            "is not a flag a BatchTuning may add (allowed: {allowed})", {"allowed": allowed})
     return arg
+
+
+# Prometheus reserves label names that start with "__"; `le` and `quantile` are the bucket and quantile labels
+# every histogram and summary query groups by, so a pod or model label by that name would read the wrong series.
+RESERVED_LABEL_MESSAGE = "is a label name Prometheus reserves (__*) or batchtune's queries use (le, quantile)"
+
+
+def label_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a label on the engine's or the GPU exporter's series, or None."""
+    return RESERVED_LABEL_MESSAGE if name.startswith("__") or name in ("le", "quantile") else None
+
+
+def _unreserved_label(name: str) -> str:
+    if label_name_problem(name):
+        raise PydanticCustomError("reserved_label", RESERVED_LABEL_MESSAGE, {})
+    return name
+
+
+# Kubernetes refuses these Secret and ConfigMap keys (validation.IsConfigMapKey: a volume would write them
+# as a path component): ".", "..", and any key that starts with "..".
+KEY_MESSAGE = "is not a Secret or ConfigMap key Kubernetes allows (not '.', and not starting with '..')"
+
+
+def _object_key(key: str) -> str:
+    if key == "." or key.startswith(".."):
+        raise PydanticCustomError("object_key", KEY_MESSAGE, {})
+    return key
+
+
+def _image_reference(image: str) -> str:
+    from batchtune.core.policy import image_reference_problem
+
+    problem = image_reference_problem(image)
+    if problem:
+        raise PydanticCustomError("image_reference", problem, {})
+    return image
 
 
 def _http_url(url: str) -> str:
@@ -218,10 +247,11 @@ def _nan_is_absent(value: Any) -> Any:
 MaxNumSeqs = Annotated[Int, Field(ge=1, le=MAX_NUM_SEQS_LIMIT)]
 GpuPercent = Annotated[Int, Field(ge=10, le=99)]
 BatchedTokens = Annotated[Int, Field(ge=16, le=MAX_NUM_BATCHED_TOKENS_LIMIT)]
-ExtraArg = Annotated[Str, Field(min_length=3, max_length=1024, pattern=EXTRA_ARG.pattern), AfterValidator(_allowed_extra_flag)]
+ExtraArg = Annotated[Str, Field(min_length=3, max_length=1024, pattern=EXTRA_ARG.pattern), AfterValidator(_extra_flag_form)]
 Milliseconds = Annotated[Int, Field(ge=1, le=3_600_000)]
 MetricName = Annotated[Str, Field(min_length=1, max_length=256, pattern=PROM_METRIC_NAME)]
-LabelName = Annotated[Str, Field(min_length=1, max_length=128, pattern=PROM_LABEL_NAME)]
+LabelName = Annotated[Str, Field(min_length=1, max_length=128, pattern=PROM_LABEL_NAME), AfterValidator(_unreserved_label)]
+ObjectKey = Annotated[Str, Field(min_length=1, max_length=253, pattern=SECRET_KEY), AfterValidator(_object_key)]
 Metric = Annotated[float | None, BeforeValidator(_nan_is_absent)]
 
 
@@ -437,7 +467,7 @@ class ConfigMapKeyRef(_Spec):
 
     name: Annotated[Str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
     """Name of the ConfigMap."""
-    key: Annotated[Str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)] = "trace.jsonl"
+    key: ObjectKey = "trace.jsonl"
     """Key in the ConfigMap."""
 
 
@@ -446,7 +476,7 @@ class LoadSpec(_Spec):
 
     generator: Generator = Generator.BUILTIN
     """VllmBench (`vllm bench serve` from the target's image) or Builtin (the project's own)."""
-    image: Annotated[Str, Field(min_length=1, max_length=512)] | None = None
+    image: Annotated[Str, Field(min_length=1, max_length=512), AfterValidator(_image_reference)] | None = None
     """Load-generator image; unset: the target's image for VllmBench, the operator's for Builtin."""
     concurrency: Annotated[Int, Field(ge=1, le=100_000)] | None = None
     """Closed loop: requests in flight at once. Unset with requestsPerMinute unset: the trial's maxNumSeqs."""
@@ -577,7 +607,7 @@ class SecretKeyRef(_Spec):
 
     name: Annotated[Str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
     """Name of the Secret."""
-    key: Annotated[Str, Field(min_length=1, max_length=253, pattern=SECRET_KEY)] = "token"
+    key: ObjectKey = "token"
     """Key in the Secret whose value is the bearer token."""
 
 
@@ -753,6 +783,9 @@ class ApplySpec(_Spec):
     """Least time between two changes to production."""
     max_regression_percent: Annotated[Int, Field(ge=0, le=100)] = 10
     """Latency rise, error-rate rise or drop in the served share of offered requests tolerated during verification, in percent."""
+    allow_numerics_change: Bool = False
+    """Let Auto apply extra args that change what production outputs (e.g. --kv-cache-dtype); false: such a tuning
+    ends Recommended (or opens a pull request) instead of patching production."""
 
     @model_validator(mode="after")
     def _timeout_covers_window(self) -> ApplySpec:

@@ -56,8 +56,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
     from rich.console import Console
     from rich.table import Table
 
+    from batchtune import __version__
+    from batchtune.admission import review
     from batchtune.api import InvalidBatchTuning, load_file
     from batchtune.core import EngineLimits, plan_candidates
+    from batchtune.core.install import install_from_values
     from batchtune.core.search import Search
     from batchtune.engines import VLLM, ArgsError
 
@@ -101,10 +104,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
                 print(f"{title}: spec.searchSpace: {safe(exc)}")
                 status = 1
                 continue
-            problems = engine.check_extra_args(spec.search_space.extra_args or [])
+            # The operator's own check (batchtune.admission), against the chart's default install.
+            problems = review(engine, spec, install_from_values({}, __version__), None).invalid
             if problems:
                 for problem in problems:
-                    print(f"{title}: spec.searchSpace.{safe(problem)}")
+                    print(f"{title}: {safe(problem)}")
                 status = 1
                 continue
             # The extra args come last on every trial's command line, so their limits win (as validate reads them).

@@ -1,4 +1,4 @@
-"""`batchtune validate -f FILE [-f FILE ...]`: check BatchTuning files offline against the typed models.
+"""`batchtune validate -f FILE [-f FILE ...] [--values VALUES]`: check BatchTuning files offline as the operator would.
 
 Prints "FILE: <namespace/>name: valid" per object, or one line per field error
 "FILE: spec.x.y: message (got VALUE)"; exits 0 when every object is valid, 1 otherwise.
@@ -15,6 +15,7 @@ from batchtune.terminal import safe
 if TYPE_CHECKING:
 
     from batchtune.api import BatchTuning, FieldError
+    from batchtune.core.install import Install
 
 DESCRIPTION = """\
 Check BatchTuning YAML files (multi-document allowed; '-' reads stdin) offline, without a cluster.
@@ -29,15 +30,29 @@ Checked beyond the CRD:
   - explicit nulls in spec (`mode:` with nothing after it): the API server would drop them and
     use the default, so an empty value would silently mean Auto.
   - files over 1 MiB, nesting deeper than 100, aliases adding more than 10000 nodes, non-UTF-8.
-  - spec.searchSpace.extraArgs as the operator's engine check reads them (no control characters,
-    no $(VAR), no tuned knob).
+  - image references (spec.load.image), label names Prometheus reserves (__*, and le and quantile,
+    which histogram and summary queries group by), Secret and ConfigMap keys Kubernetes refuses
+    ('.', '..', a leading '..'): the CRD's rules, in the operator's own words.
+  - spec.searchSpace.extraArgs as the operator's engine check reads them: only allowed flags, spelled
+    in full, each value of its type (a switch takes none: --enforce-eager=false is refused; numbers
+    are whole numbers in range), no control characters, no $(VAR), no tuned knob.
   - a search space vLLM would refuse entirely (e.g. every maxNumBatchedTokens below every
     maxNumSeqs candidate, or below --max-model-len with --no-enable-chunked-prefill in extraArgs):
     the operator would fail it at planning with EmptySearchSpace. A partly refused one is valid,
     with a note (`batchtune plan` lists what is pruned).
 
+The install's bounds, as the operator applies them: the chart's default values, or those of
+--values FILE (the Helm values file you install with, read the way the chart reads it):
+  - extra flags beyond the default list (searchSpace.allowedExtraFlags), load images
+    (load.allowedImages), Prometheus and Git URLs (prometheus.allowedUrls, git.allowedUrls: no
+    PullRequest mode without one), the GPU-minute ceiling (maxGpuMinutesPerTuning; a higher
+    spec.strategy.maxGpuMinutes is valid, with a note: the operator holds it to the ceiling).
+  - a note where Auto will not apply an extra flag that changes what production outputs (e.g.
+    --kv-cache-dtype) without spec.apply.allowNumericsChange.
+
 Not checked (the operator checks them on the cluster): the target Deployment and its vLLM
-flags, the install's allowed load images, GPU memory fit, permissions.
+flags (and so its image, which VllmBench may run), GPU memory fit, permissions, a forge API
+URL derived from the repository's.
 """
 
 
@@ -50,21 +65,53 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("-f", "--filename", dest="files", action="append", required=True, metavar="FILE",
                         help="a YAML file with one or more BatchTunings ('-' reads stdin); repeatable")
+    parser.add_argument("--values", metavar="VALUES", help="the Helm values file of the install (its bounds: allowed "
+                        "extra flags, images, URLs, GPU budget); default: the chart's own defaults")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        install = read_install(args.values)
+    except (OSError, ValueError) as exc:
+        print(f"{safe(args.values)}: cannot use as Helm values: {safe(getattr(exc, 'strerror', None) or exc)}",
+              file=sys.stderr)
+        return 1
     ok = True
     for name in args.files:
         try:
-            ok = check_file(name) and ok
+            ok = check_file(name, install) and ok
         except Exception as exc:  # never a traceback for a file, whatever is in it
             print(f"{safe(name)}: cannot check: {type(exc).__name__}: {safe(exc)}", file=sys.stderr)
             ok = False
     return 0 if ok else 1
 
 
-def check_file(name: str) -> bool:
+def read_install(values: str | None) -> Install:
+    """The install's bounds from a Helm values file (None: the chart's defaults); ValueError names what is wrong."""
+    import yaml
+
+    from batchtune import __version__
+    from batchtune.admission import install_flag_problems
+    from batchtune.core.install import install_from_values
+    from batchtune.engines import VLLM
+
+    if values is None:
+        return install_from_values({}, __version__)
+    with open(values, encoding="utf-8") as f:
+        text = f.read(1 << 20)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not valid YAML: {exc}") from None
+    install = install_from_values(data, __version__)
+    problems = install_flag_problems(VLLM, list(install.extra_flags))
+    if problems:
+        raise ValueError("searchSpace.allowedExtraFlags: " + "; ".join(problems))
+    return install
+
+
+def check_file(name: str, install: Install | None = None) -> bool:
     """Print one line per object (valid) or per error; True when every object in the file is valid."""
     from batchtune.api import InvalidBatchTuning, parse_batchtuning, read_documents
 
@@ -93,7 +140,7 @@ def check_file(name: str) -> bool:
             except InvalidBatchTuning as exc:
                 errors = exc.errors
             else:
-                errors, note = offline_checks(bt)
+                errors, note = offline_checks(bt, install or read_install(None))
         if errors:
             for error in errors:
                 print(f"{where}: {error}")
@@ -105,33 +152,45 @@ def check_file(name: str) -> bool:
     return ok
 
 
-def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
+def offline_checks(bt: BatchTuning, install: Install) -> tuple[list[FieldError], str | None]:
     """What the operator would refuse at planning that the CRD cannot see: (errors, a note or None).
 
     The engine is vLLM (the one engine there is); its limits are read from extraArgs alone, as
     production's own flags are not known offline.
     """
-    from batchtune.api import MISSING, FieldError
+    from batchtune.admission import review, url_problems
     from batchtune.core import plan_candidates
     from batchtune.engines import VLLM
 
     space_spec = bt.spec.search_space
+    verdict = review(VLLM, bt.spec, install, None)
+    errors = [_field_error(m) for m in verdict.invalid + verdict.not_allowed + url_problems(bt.spec, install)]
+    notes = list(verdict.notes)
+    if errors:
+        return errors, "; ".join(notes) or None
     extra = list(space_spec.extra_args or [])
-    problems = VLLM.check_extra_args(extra)
-    if problems:
-        return [FieldError("spec.searchSpace.extraArgs", MISSING, problem) for problem in problems], None
     limits = VLLM.limits({}, extra)
     space = space_spec.core()
     plan = plan_candidates(space, lambda s: VLLM.invariant_violation(s, limits), limits=limits)
     total = len(plan.candidates) + len(plan.pruned)
     if not plan.candidates:
+        from batchtune.api import FieldError
+
         reasons = sorted({p.message for p in plan.pruned})
         message = (f"leaves no setting to try: vLLM would refuse all {total} candidate settings, so the operator "
                    f"would fail the tuning with EmptySearchSpace; e.g. {reasons[0] if reasons else 'none'}")
         return [FieldError("spec.searchSpace.maxNumBatchedTokens", space_spec.max_num_batched_tokens, message)], None
     if plan.pruned:
-        return [], (f"{len(plan.pruned)} of {total} candidate settings would be refused by vLLM and are "
-                    "pruned; batchtune plan lists them")
-    return [], None
+        notes.append(f"{len(plan.pruned)} of {total} candidate settings would be refused by vLLM and are "
+                     "pruned; batchtune plan lists them")
+    return [], "; ".join(notes) or None
 
 
+def _field_error(message: str) -> FieldError:
+    """An admission message ("spec.x.y VALUE: why") as a field error on that path."""
+    from batchtune.api import MISSING, FieldError
+
+    path, _, rest = message.partition(" ")
+    if not path.startswith("spec.") or not rest:
+        return FieldError("spec", MISSING, message)
+    return FieldError(path.rstrip(":"), MISSING, rest)

@@ -25,6 +25,7 @@ from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.reports import ReportQueue
 from batchtune.controller.tick import Tuning
 from batchtune.core.gpus import is_accelerator, pod_gpus
+from batchtune.core.install import install_from_environment
 from batchtune.core.manifests import (
     COMPONENT_LOAD,
     LABEL_COMPONENT,
@@ -46,26 +47,9 @@ OURS = {LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def install_from_env() -> Install:
-    def listed(name: str) -> tuple[str, ...]:
-        return tuple(x for x in os.environ.get(name, "").split(",") if x)
-
     from batchtune import __version__
 
-    return Install(
-        operator_image=os.environ.get("BATCHTUNE_IMAGE", f"batchtune:{__version__}"),
-        load_images=listed("BATCHTUNE_ALLOWED_LOAD_IMAGES"),
-        prometheus_urls=listed("BATCHTUNE_ALLOWED_PROMETHEUS_URLS"),
-        max_gpu_minutes=int(os.environ.get("BATCHTUNE_MAX_GPU_MINUTES", "2880")),
-        secret_label=os.environ.get("BATCHTUNE_SECRET_LABEL", "batchtune.io/prometheus-token"),
-        git_urls=listed("BATCHTUNE_ALLOWED_GIT_URLS"),
-        git_secret_label=os.environ.get("BATCHTUNE_GIT_SECRET_LABEL", "batchtune.io/git-credentials"),
-        argocd_instance_labels=listed("BATCHTUNE_ARGOCD_INSTANCE_LABELS") or Install.argocd_instance_labels,
-        # An override; unset, each tuning's planning reads the interval from its Prometheus (core/scrape.py).
-        scrape_interval_seconds=float(os.environ["BATCHTUNE_SCRAPE_INTERVAL_SECONDS"])
-        if os.environ.get("BATCHTUNE_SCRAPE_INTERVAL_SECONDS") else None,
-        scrape_lag_seconds=float(os.environ.get("BATCHTUNE_SCRAPE_LAG_SECONDS", "6")),
-        measurement_deadline_seconds=int(os.environ.get("BATCHTUNE_MEASUREMENT_DEADLINE_SECONDS", "600")),
-    )
+    return install_from_environment(os.environ, __version__)
 
 
 class PrometheusMetrics:

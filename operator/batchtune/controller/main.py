@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--allowed-git-url", action="append", default=[],
                    help="a URL prefix spec.apply.git.url and forge.apiUrl must start with (repeatable; none: no "
                         "PullRequest mode)")
+    p.add_argument("--allowed-extra-flag", action="append", default=[], metavar="FLAG",
+                   help="an engine flag spec.searchSpace.extraArgs may add besides the engine's default list "
+                        "(batching, scheduling, memory); repeatable")
     p.add_argument("--argocd-instance-label", action="append", default=[],
                    help="a label Argo CD's label tracking uses here (repeatable; default app.kubernetes.io/instance "
                         "and argocd.argoproj.io/instance)")
@@ -73,6 +76,36 @@ def elector(args: argparse.Namespace) -> Any:
                           leader.identity(), times, where=where)
 
 
+def allowed_extra_flags(flags: list[str]) -> list[str]:
+    """The install's extra engine flags, canonical; SystemExit naming each one the engine does not take."""
+    from batchtune.admission import install_flag_problems
+    from batchtune.engines import VLLM
+
+    names = [f.removeprefix("--") for f in flags]
+    problems = install_flag_problems(VLLM, names)
+    if problems:
+        raise SystemExit("batchtune operator: " + "; ".join(problems))
+    return names
+
+
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    """The environment the handlers module reads (`core.install.install_from_environment`) for these flags."""
+    env = {
+        "BATCHTUNE_TICK_SECONDS": str(args.tick_seconds),
+        "BATCHTUNE_IMAGE": args.operator_image,
+        "BATCHTUNE_CLUSTERWIDE": "false" if args.namespace else "true",
+        "BATCHTUNE_WATCHED_NAMESPACES": str(len(args.namespace)),
+        "BATCHTUNE_MAX_GPU_MINUTES": str(args.max_gpu_minutes),
+    }
+    listed = {"BATCHTUNE_ALLOWED_LOAD_IMAGES": args.allowed_load_image,
+              "BATCHTUNE_ALLOWED_GIT_URLS": args.allowed_git_url,
+              "BATCHTUNE_ARGOCD_INSTANCE_LABELS": args.argocd_instance_label,
+              "BATCHTUNE_ALLOWED_PROMETHEUS_URLS": args.allowed_prometheus_url,
+              "BATCHTUNE_ALLOWED_EXTRA_FLAGS": allowed_extra_flags(args.allowed_extra_flag)}
+    env.update({name: ",".join(values) for name, values in listed.items() if values})
+    return env
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -80,19 +113,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     # The handlers module reads these at import (kopf fixes timer intervals at decoration time).
-    os.environ["BATCHTUNE_TICK_SECONDS"] = str(args.tick_seconds)
-    os.environ["BATCHTUNE_IMAGE"] = args.operator_image
-    os.environ["BATCHTUNE_CLUSTERWIDE"] = "false" if args.namespace else "true"
-    os.environ["BATCHTUNE_WATCHED_NAMESPACES"] = str(len(args.namespace))
-    os.environ["BATCHTUNE_MAX_GPU_MINUTES"] = str(args.max_gpu_minutes)
-    if args.allowed_load_image:
-        os.environ["BATCHTUNE_ALLOWED_LOAD_IMAGES"] = ",".join(args.allowed_load_image)
-    if args.allowed_git_url:
-        os.environ["BATCHTUNE_ALLOWED_GIT_URLS"] = ",".join(args.allowed_git_url)
-    if args.argocd_instance_label:
-        os.environ["BATCHTUNE_ARGOCD_INSTANCE_LABELS"] = ",".join(args.argocd_instance_label)
-    if args.allowed_prometheus_url:
-        os.environ["BATCHTUNE_ALLOWED_PROMETHEUS_URLS"] = ",".join(args.allowed_prometheus_url)
+    os.environ.update(environment(args))
     from batchtune.controller import handlers, telemetry  # noqa: F401  # importing registers the handlers
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

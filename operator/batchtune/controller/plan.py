@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from batchtune.admission import Review, review
 from batchtune.api import (
     MAX_PRUNED_IN_STATUS,
     Baseline,
@@ -21,7 +22,7 @@ from batchtune.controller.tick import Target, Tick
 from batchtune.core.gpus import GPU_PRODUCT_LABEL
 from batchtune.core.measurement import window_too_short
 from batchtune.core.planning import EngineLimits, Plan, plan_candidates
-from batchtune.core.policy import gpu_minutes_budget, load_image_problem
+from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import CurveLoad, production_peak_curve_load
 from batchtune.core.vocabulary import Phase, Reason
@@ -29,19 +30,10 @@ from batchtune.engines import ArgsError, Invocation
 from batchtune.prometheus import PrometheusUnavailable
 
 
-def spec_problems(tick: Tick, target: Target) -> list[str]:
-    """What the install or the engine refuses in the spec (extra args, load image)."""
-    problems = target.engine.check_extra_args(tick.spec.search_space.extra_args or [])
-    allowed = list(tick.ports.install.load_images)
-    if tick.spec.load.generator.value == "VllmBench":
-        allowed.append(str(target.container.get("image", "")))  # the engine's own bench, from production's image
-        if target.engine.bench_argv("http://x", "m", None, 1, 1, 1, None, 1, 1, 0, "/tmp", "r.json") is None:
-            problems.append(f"spec.load.generator VllmBench: {target.engine.display} has no benchmark client; "
-                            "use Builtin")
-    image = load_image_problem(tick.spec.load.image, tick.ports.install.operator_image, allowed)
-    if image:
-        problems.append(image)
-    return problems
+def spec_review(tick: Tick, target: Target) -> Review:
+    """What the engine or the install refuses in the spec (extra args, load image): `batchtune.admission`, which
+    `batchtune validate` runs too."""
+    return review(target.engine, tick.spec, tick.ports.install, str(target.container.get("image", "")))
 
 
 def gpu_product(tick: Tick, target: Target) -> str | None:
@@ -162,9 +154,12 @@ def plan(tick: Tick) -> None:
         tick.fail(Reason.UNSUPPORTED_ARGS, f"Deployment {tick.tuning.namespace}/{target.name}: {exc}")
         return
     tick.mode_decision(target)  # the mode in effect shows in status from planning on
-    problems = spec_problems(tick, target)
-    if problems:
-        tick.fail(Reason.NOT_ALLOWED, "; ".join(problems))
+    verdict = spec_review(tick, target)
+    if verdict.invalid:
+        tick.fail(Reason.INVALID_SPEC, "; ".join(verdict.invalid))
+        return
+    if verdict.not_allowed:
+        tick.fail(Reason.NOT_ALLOWED, "; ".join(verdict.not_allowed))
         return
     try:
         reader = tick.reader(engine)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from batchtune.core.install import Install as Install  # the install's bounds live in the core (validate reads them too)
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext
 from batchtune.core.scrape import ScrapeInterval
@@ -134,34 +135,6 @@ class InlineTwin:
 
     def advise(self, key: str, compute: Callable[[], Any]) -> Any | None:
         return compute()
-
-
-@dataclass(frozen=True)
-class Install:
-    """What the operator's install allows a BatchTuning (Helm values, passed as flags or environment)."""
-
-    operator_image: str
-    load_images: tuple[str, ...] = ()
-    """Images `spec.load.image` may name, besides the operator's own."""
-    prometheus_urls: tuple[str, ...] = ()
-    """URL prefixes `spec.prometheus.url` may start with; empty: any http(s) URL that is not link-local."""
-    max_gpu_minutes: int = 2880
-    """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
-    secret_label: str = "batchtune.io/prometheus-token"
-    """A Secret is read for spec.prometheus.authSecretRef only if it carries this label with value "true"."""
-    git_urls: tuple[str, ...] = ()
-    """URL prefixes spec.apply.git.url (and forge.apiUrl) may start with; empty: PullRequest mode is not allowed."""
-    git_secret_label: str = "batchtune.io/git-credentials"
-    """A Secret is read for spec.apply.git.credentialsSecretRef only if it carries this label with value "true"."""
-    argocd_instance_labels: tuple[str, ...] = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance")
-    """Labels Argo CD's label tracking uses on this cluster (its default and argocd-cm application.instanceLabelKey)."""
-    scrape_interval_seconds: float | None = None
-    """An override of Prometheus' scrape interval for the engine's pods (a window needs two scrapes to be
-    measured); None: read from Prometheus at planning (`core.scrape`)."""
-    scrape_lag_seconds: float = 6.0
-    """Prometheus needs a couple of scrapes after a run ends before the window is complete."""
-    measurement_deadline_seconds: int = 600
-    """A run whose figures Prometheus cannot give this long after it ended fails its trial."""
 
 
 class GitPorts:

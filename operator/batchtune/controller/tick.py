@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from batchtune.admission import numerics_message, numerics_unconfirmed
 from batchtune.api import AppliedRecord, ApplyMode, BatchTuningSpec, BatchTuningStatus, TrialRecord, WorkloadRecord
 from batchtune.api import ContainerArgs as ArgsRecord
 from batchtune.controller import records, telemetry
@@ -260,6 +261,10 @@ class Tick:
             decision = ModeDecision(Mode.RECOMMEND, owned.why, detection=found, forced=True)
         else:
             decision = resolve_mode(spec_mode, a.git is not None, found, [m.value for m in a.auto_under_managers or ()])
+            unconfirmed = numerics_unconfirmed(target.engine, self.spec)
+            if decision.mode is Mode.AUTO and unconfirmed:  # a person decides on a change to what production outputs
+                fallback = Mode.PULL_REQUEST if a.git is not None else Mode.RECOMMEND
+                decision = ModeDecision(fallback, numerics_message(unconfirmed), downgraded=True, detection=found)
         self.status.mode = ApplyMode(decision.mode.value)  # the mode in effect, for status and `kubectl get bt`
         return decision
 

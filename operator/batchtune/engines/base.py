@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from batchtune.core.planning import EngineLimits
 from batchtune.core.settings import Setting, percent_to_fraction
@@ -59,6 +59,37 @@ class Invocation:
             return None
         gmu = self.gpu_memory_utilization_percent or default_gpu_memory_utilization_percent
         return Setting(seqs, gmu, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class FlagValue:
+    """What an extra flag's value may be, so a typo fails validation instead of every trial after a model load."""
+
+    kind: Literal["switch", "int", "choice", "word", "any"]
+    """switch: no value; int: a decimal integer in [low, high]; choice: one of `choices`; word: [A-Za-z0-9_.-]+;
+    any: a many-word or optional value, not checked beyond the control-character rule."""
+    low: int = 0
+    high: int = 2**31 - 1
+    choices: tuple[str, ...] = ()
+
+    def problem(self, value: str | None) -> str | None:
+        """Why `value` is not this flag's value, or None."""
+        if self.kind == "switch":
+            return None if value is None else f"is a switch and takes no value (got {value!r})"
+        if self.kind == "any":
+            return None
+        if value is None or value == "":
+            return "needs a value (--name=value)"
+        if self.kind == "int":
+            if not re.fullmatch(r"-?[0-9]{1,12}", value):
+                return f"takes a whole number (got {value!r})"
+            if not self.low <= int(value) <= self.high:
+                return f"takes a whole number from {self.low} to {self.high} (got {value})"
+        elif self.kind == "choice" and value not in self.choices:
+            return f"takes one of {', '.join(self.choices)} (got {value!r})"
+        elif self.kind == "word" and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+            return f"takes a word of letters, digits, '_', '.' or '-' (got {value!r})"
+        return None
 
 
 @dataclass(frozen=True)
@@ -113,8 +144,15 @@ class Engine(ABC):
     default_max_num_seqs: int | None = None
     """The engine's own --max-num-seqs when none is given, where it does not depend on the hardware."""
     safe_extra_flags: frozenset[str] = frozenset()
-    """Flags a BatchTuning's `extraArgs` may add to trials (and so to production): nothing that loads
-    code, changes identity (model, name, host, port), or sets a tuned knob behind the search's back."""
+    """Flags a BatchTuning's `extraArgs` may add to trials (and so to production) by default: batching,
+    scheduling and memory only; nothing that loads code, changes identity (model, name, host, port),
+    changes or logs what production serves, or sets a tuned knob behind the search's back. An install
+    may allow more (`Install.extra_flags`)."""
+    extra_flag_values: Mapping[str, FlagValue] = {}
+    """The value each default-allowed flag takes; a flag not listed is checked by its arity only."""
+    numerics_flags: frozenset[str] = frozenset()
+    """Flags that change what the model outputs (numerics, sampling): applied in Auto only when the spec says
+    so (`spec.apply.allowNumericsChange`)."""
 
     # ---- grammar ------------------------------------------------------------------------
 
@@ -129,6 +167,10 @@ class Engine(ABC):
     @abstractmethod
     def arity(self, flag: str) -> Arity:
         """How many words a canonical flag reads (0 for switches)."""
+
+    def knows(self, flag: str) -> bool:
+        """Whether a canonical flag (no dashes) is one of the engine's own, spelled in full."""
+        return self.canonical(f"--{flag}") == flag
 
     def image_runs_engine(self, container: Mapping[str, Any], args: list[str]) -> bool:
         """With no command, whether the image's own entrypoint is this engine."""
@@ -194,24 +236,54 @@ class Engine(ABC):
     def parse_flags(self, args: Sequence[str], what: str = "extra arg") -> list[tuple[str, str, str | None]]:
         return commandline.parse_flag_list(args, self.grammar, what)
 
-    def check_extra_args(self, args: Sequence[str]) -> list[str]:
-        """Why each of `spec.searchSpace.extraArgs` may not be added (empty: all allowed)."""
+    def check_extra_args(self, args: Sequence[str], also_allowed: Iterable[str] = ()) -> list[str]:
+        """Why each of `spec.searchSpace.extraArgs` may not be added (empty: all allowed).
+
+        Allowed: `safe_extra_flags` and `also_allowed` (the install's), spelled in full, each value of its type.
+        """
         problems: list[str] = []
-        for i, arg in enumerate(args):
+        for arg in args:
             if _K8S_EXPANSION.search(arg) or "\x00" in arg or any(ord(c) < 32 for c in arg):
-                problems.append(f"extraArgs[{i}] {arg!r}: Kubernetes $(VAR) expansion and control characters are not allowed")
+                problems.append(f"{arg!r}: Kubernetes $(VAR) expansion and control characters are not allowed")
         try:
             parsed = self.parse_flags(args, "extraArgs item")
         except ValueError as exc:
             return problems + [str(exc)]
-        for canon, spelled, _ in parsed:
+        allowed = self.safe_extra_flags | frozenset(also_allowed)
+        for canon, spelled, value in parsed:
+            shown = spelled if value is None else f"{spelled}={value}"
             if canon in self.knobs.all():
                 problems.append(f"{spelled!r} sets a knob batchtune tunes ({self.display} --{canon}); "
                                 "list its candidates under searchSpace instead")
-            elif canon not in self.safe_extra_flags:
-                problems.append(f"{spelled!r} (--{canon}) is not a flag a BatchTuning may add to {self.display}; "
-                                f"allowed: {', '.join('--' + f for f in sorted(self.safe_extra_flags))}")
+            elif canon not in allowed:
+                problems.append(f"{spelled!r} (--{canon}) is not a flag this install lets a BatchTuning add to "
+                                f"{self.display}; allowed: {', '.join('--' + f for f in sorted(allowed))} "
+                                "(Helm value searchSpace.allowedExtraFlags allows more)")
+            elif spelled.lstrip("-") != canon:
+                problems.append(f"{shown!r}: spell the flag in full, --{canon}")
+            else:
+                problem = self.flag_value(canon).problem(value)
+                if problem:
+                    problems.append(f"{shown!r}: --{canon} {problem}")
         return problems
+
+    def flag_value(self, flag: str) -> FlagValue:
+        """The value a canonical flag takes: its declared type, else a switch or a word by its arity."""
+        declared = self.extra_flag_values.get(flag)
+        if declared is not None:
+            return declared
+        arity = self.arity(flag)
+        if arity == 0:
+            return FlagValue("switch")
+        return FlagValue("word") if arity == 1 else FlagValue("any")
+
+    def numerics_in(self, args: Sequence[str]) -> list[str]:
+        """The flags of `args` (as written) that change what the model outputs (`numerics_flags`)."""
+        try:
+            parsed = self.parse_flags(args, "extraArgs item")
+        except ValueError:
+            return []
+        return [spelled for canon, spelled, _ in parsed if canon in self.numerics_flags]
 
     # ---- the engine's own load generator ----------------------------------------------------
 

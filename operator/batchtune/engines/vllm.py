@@ -19,7 +19,7 @@ from typing import Any
 from batchtune.core.planning import EngineLimits
 from batchtune.core.settings import Setting
 from batchtune.core.vocabulary import Reason
-from batchtune.engines.base import Engine, FailureSignature, KnobFlags, MetricConventions
+from batchtune.engines.base import Engine, FailureSignature, FlagValue, KnobFlags, MetricConventions
 from batchtune.engines.commandline import Arity, CommandLine
 
 API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
@@ -38,20 +38,40 @@ _FALLBACK_MULTI = frozenset({"served-model-name", "cuda-graph-sizes", "lora-modu
 _FALLBACK_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
                      "q": "quantization", "O": "compilation-config"}
 
-# Flags a BatchTuning may add to trials and production: scheduling and memory behaviour only.
+# Flags a BatchTuning may add to trials and production by default: batching, scheduling and memory only.
 # Not here, on purpose: anything that loads code or files (--trust-remote-code, --worker-cls,
 # --middleware, --logits-processors, --chat-template, --config, --generation-config, --speculative-config,
 # --compilation-config), identity (--model, --tokenizer, --served-model-name, --host, --port, --api-key,
-# --revision, --quantization, --tensor-parallel-size), what the metrics read (--disable-log-stats), and
-# memory knobs that would override the tuned one (--kv-cache-memory-bytes).
+# --revision, --quantization, --tensor-parallel-size), what production outputs (--dtype, --seed,
+# --max-logprobs), what it logs of its traffic (--enable-log-requests, --uvicorn-log-level,
+# --disable-uvicorn-access-log), what the metrics read (--disable-log-stats), kernel choices
+# (--disable-cascade-attn) and memory knobs that would override the tuned one (--kv-cache-memory-bytes).
+# An install may allow more (Helm value searchSpace.allowedExtraFlags).
 SAFE_EXTRA_FLAGS = frozenset({
     "enforce-eager", "no-enforce-eager", "enable-chunked-prefill", "no-enable-chunked-prefill",
     "enable-prefix-caching", "no-enable-prefix-caching", "async-scheduling", "no-async-scheduling",
     "max-model-len", "block-size", "kv-cache-dtype", "scheduling-policy", "long-prefill-token-threshold",
-    "stream-interval", "seed", "max-logprobs", "enable-log-requests", "uvicorn-log-level",
-    "disable-uvicorn-access-log", "disable-cascade-attn", "dtype",
+    "stream-interval",
 })
 """Every one of them exists in vLLM 0.32 (tests/unit/test_engines_vllm.py checks against vllm_flags.json)."""
+
+# What each default flag's value is, as vLLM's parser reads it (a switch takes none: argparse refuses
+# `--enforce-eager=false` with "ignored explicit argument"). Ranges are vLLM's where it has one, else wide.
+EXTRA_FLAG_VALUES: dict[str, FlagValue] = {
+    "max-model-len": FlagValue("int", 1, 16_777_216),
+    "block-size": FlagValue("int", 1, 1024),
+    "long-prefill-token-threshold": FlagValue("int", 0, 16_777_216),
+    "stream-interval": FlagValue("int", 1, 65536),
+    "scheduling-policy": FlagValue("choice", choices=("fcfs", "priority")),
+    "kv-cache-dtype": FlagValue("word"),
+}
+
+# Flags that change what production outputs (numerics of weights, activations or KV cache; sampling):
+# Auto applies them only when spec.apply.allowNumericsChange says so.
+NUMERICS_FLAGS = frozenset({
+    "kv-cache-dtype", "kv-cache-dtype-skip-layers", "dtype", "quantization", "seed", "mamba-cache-dtype",
+    "mamba-ssm-cache-dtype",
+})
 
 _METRICS = MetricConventions(
     names={
@@ -133,6 +153,8 @@ class Vllm(Engine):
     default_port = 8000
     default_gpu_memory_utilization_percent = 90
     default_max_num_seqs = 256  # vLLM's batch default off >=70 GiB GPUs (1024 on H100/H200-class ones)
+    extra_flag_values = EXTRA_FLAG_VALUES
+    numerics_flags = NUMERICS_FLAGS
 
     @cached_property
     def catalog(self) -> dict[str, Arity]:
@@ -184,6 +206,9 @@ class Vllm(Engine):
         # argparse's allow_abbrev: a unique prefix of a long option is that option.
         matches = [flag for flag in self.catalog if flag.startswith(name)]
         return matches[0] if len(matches) == 1 else name
+
+    def knows(self, flag: str) -> bool:
+        return flag in self.catalog if self.complete else super().knows(flag)
 
     def arity(self, flag: str) -> Arity:
         # An unknown flag reads one word unless the next is a flag (argparse's default `store`).
