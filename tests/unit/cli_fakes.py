@@ -67,7 +67,7 @@ def succeeded() -> dict[str, Any]:
             "bestTrial": "llama-8b-trial-3", "bestSetting": "max-num-seqs 128, gmu 90%",
             "knee": {"maxNumSeqs": 128, "reason": "throughput +7% for latency +88% past 128"},
             "pruned": [{"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90},
-                        "reason": "KV cache holds 301 sequences of 1024+128 tokens"}],
+                        "reason": "DoesNotFitMemory", "message": "KV cache holds 301 sequences of 1024+128 tokens"}],
             "recommendation": {
                 "setting": {"maxNumSeqs": 128, "gpuMemoryUtilizationPercent": 90},
                 "args": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "128",

@@ -43,16 +43,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
+    from batchtune.api import InvalidBatchTuning
     from batchtune.cli import status as st
     from batchtune.client import CliError, connect
 
     try:
         kube = connect(args.kubeconfig, args.context)
         namespace = kube.namespace(args.namespace)
-        bt = kube.get_batchtuning(namespace, args.name)
+        raw = kube.get_batchtuning(namespace, args.name)
+        bt = st.typed(raw)  # the status parsed once: a forged one ends here, naming the field
         stored = kube.get_report(namespace, args.name)
     except CliError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
+        return 1
+    except InvalidBatchTuning as exc:
+        print(st.status_error(raw, exc), file=sys.stderr)
         return 1
     files, source = report_files(bt, stored, html=args.html)
     out_dir = args.out or Path(f"{args.name}-report")
@@ -91,7 +96,9 @@ def report_files(bt: Mapping[str, Any], stored: StoredReport | None,
     ConfigMaps in the namespace can write one by that name); report.html is always rendered here from status,
     never copied; what is not taken from the ConfigMap is drawn from status."""
     from batchtune import KIND
+    from batchtune.cli.status import typed
 
+    bt = typed(bt)
     wanted = (*REPORT_FILES, HTML_FILE) if html else REPORT_FILES
     configmap = f"ConfigMap {name_of(bt)}-report"
     uid = (bt.get("metadata") or {}).get("uid")
