@@ -112,22 +112,22 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
 def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None = None,
                     max_replicas: int | None = None, scale_down_seconds: int = 300) -> tuple[str, str]:
     """(the HPA or ScaledObject YAML, a note for stderr); NoRecommendation when nothing was measured to scale on."""
-    from batchtune.api import InvalidBatchTuning, parse_spec, parse_status
+    from batchtune.api import InvalidBatchTuning, parse_spec
+    from batchtune.cli.status import shown
     from batchtune.core import autoscale
     from batchtune.core.vocabulary import M, TrialState
 
-    bt = clean(bt)
-    meta = bt.get("metadata") or {}
-    where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    view = shown(bt)  # InvalidBatchTuning naming the field of a forged status
+    status, where = view.status, f"{view.namespace}/{view.name}"
     try:
-        spec, status = parse_spec(dict(bt.get("spec") or {})), parse_status(dict(bt.get("status") or {}))
+        spec = parse_spec(dict(clean(bt).get("spec") or {}))
     except InvalidBatchTuning as exc:
         raise NoRecommendation(f"BatchTuning {where}: {exc}") from None
     rec = status.recommendation
     trials = [autoscale.Measured(t.setting.core(), t.state is TrialState.DONE, (t.metrics or {}).get(M.SLO_CAPACITY))
               for t in status.trials]
     try:
-        cap = autoscale.capacity(where, str(meta.get("namespace") or ""), spec.target_ref.name,
+        cap = autoscale.capacity(where, view.namespace, spec.target_ref.name,
                                  rec.setting.core() if rec else None, trials, spec.slo.headroom_percent,
                                  rec.replicas_hint if rec else None)
     except autoscale.NoCapacity as exc:
