@@ -908,7 +908,7 @@ def _finite_metrics(value: Any) -> Any:
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
         if isinstance(v, int) and abs(v) > 1e308:  # float() would overflow: as big as a float gets, infinity
-            v = math.copysign(math.inf, v)
+            v = math.inf if v > 0 else -math.inf
         if math.isnan(v):
             continue
         if math.isinf(v):

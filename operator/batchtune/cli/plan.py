@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
                 print(f"{safe(exc.source or name)}: {error}")
             status = 1
             continue
+        if not tunings:
+            print(f"{safe(name)}: no BatchTuning found", file=sys.stderr)
+            status = 1
         for bt in tunings:
             spec = bt.spec
             title = safe(f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}")

@@ -288,7 +288,13 @@ def load_custom_catalog(path: str | Path) -> tuple[list[GpuSpec], list[ModelSpec
     if len(documents) > 1:
         raise InputFileError(path, f"{len(documents)} YAML documents: a catalog is one mapping with 'gpus' and/or "
                                    "'models'")
-    data = expect(documents[0] if documents else {}, dict, path)
+    if not documents:
+        raise InputFileError(path, "empty: expected a mapping with 'gpus' and/or 'models'")
+    data = expect(documents[0], dict, path)
+    unknown = sorted(str(k) for k in data if k not in ("gpus", "models"))
+    if unknown or not data:
+        raise InputFileError(path, f"unknown key(s) {unknown}: a catalog has 'gpus' and/or 'models'" if unknown
+                             else "expected 'gpus' and/or 'models'")
     gpus = [_build(GpuSpec, dict(expect(e, dict, path, f"gpus[{i}]")), f"{path}: gpus[{i}]")
             for i, e in enumerate(expect(data.get("gpus") or [], list, path, "gpus"))]
     models = [_build(ModelSpec, dict(expect(e, dict, path, f"models[{i}]")), f"{path}: models[{i}]")
