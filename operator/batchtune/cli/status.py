@@ -159,8 +159,6 @@ class Shown:
     """spec.slo.percentile (P95 when unset)."""
     objective: str
     """spec.objective.type."""
-    curves_off: bool
-    """spec.report.curveLoad.type is Off."""
     uid: str | None
     status: BatchTuningStatus
     written: bool
@@ -189,15 +187,14 @@ def shown(bt: Mapping[str, Any] | Shown) -> Shown:
     except InvalidBatchTuning:
         parse_status(raw)  # raises with the values as written (FieldError shows them escaped once)
         raise
-    bt = clean(bt)
-    meta = bt.get("metadata") if isinstance(bt.get("metadata"), dict) else {}
-    spec = bt.get("spec") or {}
+    obj: dict[str, Any] = clean(dict(bt))
+    meta: dict[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), dict) else {}
+    spec = obj.get("spec")
     uid = meta.get("uid")
     return Shown(namespace=_spec_text(meta, "namespace"), name=_spec_text(meta, "name"),
                  created=_spec_text(meta, "creationTimestamp") or None, target=_spec_text(spec, "targetRef", "name"),
                  percentile=_spec_text(spec, "slo", "percentile") or "P95",
                  objective=_spec_text(spec, "objective", "type"),
-                 curves_off=_spec_text(spec, "report", "curveLoad", "type") == "Off",
                  uid=uid if isinstance(uid, str) else None, status=status, written=bool(raw))
 
 
