@@ -25,7 +25,7 @@ _ENDED = ("Done", "Infeasible", "Failed")
 def _status(bt: Mapping[str, Any] | None) -> BatchTuningStatus:
     """The status parsed once (batchtune.cli.status.shown); InvalidBatchTuning naming the field."""
     from batchtune.api import BatchTuningStatus
-    from batchtune.cli.status import shown
+    from batchtune.cli.view import shown
 
     return shown(bt).status if bt is not None else BatchTuningStatus()
 
@@ -85,7 +85,7 @@ def _args_diff(applied: AppliedRecord) -> str:
 def changes(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
     """What happened between two reads of one BatchTuning, one line each, oldest first."""
     from batchtune.api import AppliedRecord
-    from batchtune.cli.status import when
+    from batchtune.cli.view import when
 
     lines: list[str] = []
     old, new = _status(before), _status(after)

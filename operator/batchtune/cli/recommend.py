@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from batchtune.api import InvalidBatchTuning
-    from batchtune.cli.status import status_error
+    from batchtune.cli.view import status_error
     from batchtune.client import CliError, connect
 
     try:
@@ -80,7 +80,8 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
     Both are safe to print: control characters from the object are escaped (a patch keeps its newlines,
     each arg of -o args and the note stay on their line).
     """
-    from batchtune.cli.status import phase_of, setting_label, shown
+    from batchtune.cli.status import phase_of, setting_label
+    from batchtune.cli.view import shown
 
     view = shown(bt)  # InvalidBatchTuning naming the field of a forged status
     status = view.status
@@ -113,7 +114,7 @@ def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None
                     max_replicas: int | None = None, scale_down_seconds: int = 300) -> tuple[str, str]:
     """(the HPA or ScaledObject YAML, a note for stderr); NoRecommendation when nothing was measured to scale on."""
     from batchtune.api import InvalidBatchTuning, parse_spec
-    from batchtune.cli.status import shown
+    from batchtune.cli.view import shown
     from batchtune.core import autoscale
     from batchtune.core.vocabulary import M, TrialState
 

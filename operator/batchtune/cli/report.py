@@ -96,7 +96,7 @@ def report_files(bt: Mapping[str, Any], stored: StoredReport | None,
     ConfigMaps in the namespace can write one by that name); report.html is always rendered here from status,
     never copied; what is not taken from the ConfigMap is drawn from status."""
     from batchtune import KIND
-    from batchtune.cli.status import typed
+    from batchtune.cli.view import typed
 
     bt = typed(bt)
     wanted = (*REPORT_FILES, HTML_FILE) if html else REPORT_FILES
