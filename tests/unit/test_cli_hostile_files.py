@@ -32,6 +32,8 @@ HOSTILE = {
     "string": '"hello"',
     "number": "42",
     "null": "null",
+    "fields-of-the-wrong-shape": '{"completed": [1], "errors_sample": 5, "date": {}, "duration": "x", "kind": 3, '
+                                 '"gpus": {}, "scenarios": 7, "offset_seconds": []}',
 }
 
 CPU = ["--model", "tiny-llama-v1", "--gpu", "CPU-node", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]

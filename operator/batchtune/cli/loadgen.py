@@ -155,13 +155,13 @@ def summarize(path: str, termination_path: str | None) -> int:
             end = datetime.strptime(str(result["date"]), "%Y%m%d-%H%M%S").astimezone().timestamp()
             result["measure_end"] = end
             result["measure_start"] = end - float(result["duration"])
+        text = compact_summary(result)
     except (ValueError, TypeError, OverflowError) as exc:
         where = str(exc) if isinstance(exc, InputFileError) else f"{path}: {exc}"
         print(f"error: {where}", file=sys.stderr)
         if termination:
             write_file(termination, json.dumps({"error": where[:3500]}))
         return 2
-    text = compact_summary(result)
     if termination:
         write_file(termination, text)
     print(text)
