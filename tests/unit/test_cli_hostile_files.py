@@ -144,3 +144,11 @@ def test_calibrate_refuses_an_infinite_figure_naming_the_key(key: str, value: st
     path.write_text(text)
     code, out = _run(["twin", "calibrate", *CPU, "--max-num-seqs", "8", "--observations", str(path)], capsys)
     assert code == 2 and f"inf.json: key {key!r} is" in out and "finite" in out, out
+
+
+def test_summarize_result_with_a_wrong_shaped_field_names_the_file(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "result.json"
+    path.write_text('{"completed": 3, "errors_sample": 5}')
+    code, out = _run(["loadgen", "--summarize-result", str(path)], capsys)
+    assert code == 2 and out.startswith(f"error: {path}: ") and "Traceback" not in out
