@@ -59,6 +59,21 @@ def kubeconfig_path(explicit: str | None = None) -> Path:
     return Path.home() / ".kube" / "config"
 
 
+@dataclass(frozen=True)
+class StoredReport:
+    """A report ConfigMap as read: its files, and who controls it (anyone who may write ConfigMaps in the
+    namespace can write one named `<bt>-report`)."""
+
+    files: dict[str, bytes]
+    """File name -> bytes (data and binaryData)."""
+    controllers: tuple[tuple[str, str], ...] = ()
+    """(kind, uid) of each ownerReference with controller: true."""
+
+    def owned_by(self, kind: str, uid: str | None) -> bool:
+        """Whether this object (the BatchTuning, by uid) controls the ConfigMap: the operator wrote it."""
+        return bool(uid) and (kind, uid) in self.controllers
+
+
 @dataclass
 class Kube:
     """The API client of one identity and the namespace its kubeconfig context selects."""
@@ -100,8 +115,8 @@ class Kube:
             raise self._error(exc, f"list {PLURAL} in {namespace}") from None
         return sorted(item["metadata"]["name"] for item in listed.get("items") or [])
 
-    def get_report(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        """The report ConfigMap `<name>-report` as file name -> bytes, or None when it is not written yet."""
+    def get_report(self, namespace: str, name: str) -> StoredReport | None:
+        """The report ConfigMap `<name>-report`'s files and controllers, or None when it is not written yet."""
         from kubernetes import client
 
         try:
@@ -112,7 +127,8 @@ class Kube:
             raise self._error(exc, f"get ConfigMap {namespace}/{name}-report") from None
         files = {key: value.encode() for key, value in (cm.data or {}).items()}
         files.update({key: base64.b64decode(value) for key, value in (cm.binary_data or {}).items()})
-        return files
+        owners = (cm.metadata.owner_references if cm.metadata else None) or []
+        return StoredReport(files, tuple((str(o.kind), str(o.uid)) for o in owners if o.controller))
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any]:
         """The Deployment as the API server's JSON (camelCase), for `batchtune workload capture`."""

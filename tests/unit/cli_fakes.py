@@ -67,7 +67,7 @@ def succeeded() -> dict[str, Any]:
             "bestTrial": "llama-8b-trial-3", "bestSetting": "max-num-seqs 128, gmu 90%",
             "knee": {"maxNumSeqs": 128, "reason": "throughput +7% for latency +88% past 128"},
             "pruned": [{"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90},
-                        "reason": "KV cache holds 301 sequences of 1024+128 tokens"}],
+                        "reason": "DoesNotFitMemory", "message": "KV cache holds 301 sequences of 1024+128 tokens"}],
             "recommendation": {
                 "setting": {"maxNumSeqs": 128, "gpuMemoryUtilizationPercent": 90},
                 "args": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "128",
@@ -165,9 +165,15 @@ class FakeApi:
     def add_empty_list(self, ns: str) -> None:
         self.routes[BT_PATH.format(ns=ns)] = (200, {"kind": "BatchTuningList", "items": []})
 
-    def add_report(self, ns: str, name: str, data: dict[str, str], binary: dict[str, bytes]) -> None:
+    def add_report(self, ns: str, name: str, data: dict[str, str], binary: dict[str, bytes],
+                   owner_uid: str | None = None) -> None:
+        """The report ConfigMap; `owner_uid`: the BatchTuning that controls it (as the operator writes it)."""
+        meta: dict[str, Any] = {"name": f"{name}-report", "namespace": ns}
+        if owner_uid:
+            meta["ownerReferences"] = [{"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning", "name": name,
+                                        "uid": owner_uid, "controller": True, "blockOwnerDeletion": True}]
         self.routes[CM_PATH.format(ns=ns, name=f"{name}-report")] = (200, {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-report", "namespace": ns},
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
             "data": data, "binaryData": {k: base64.b64encode(v).decode() for k, v in binary.items()}})
 
     def kubeconfig(self, path: Path, namespace: str | None = None) -> Path:

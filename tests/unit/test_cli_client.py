@@ -86,8 +86,9 @@ def test_unreachable_api_server(tmp_path):
 def test_get_report_decodes_binary_data(api, tmp_path):
     api.add_report("inference", "llama-8b", {"trials.csv": "name\n"}, {"curves.png": b"\x89PNG\r\n\x1a\nrest"})
     kube = client.connect(str(api.kubeconfig(tmp_path / "kc")))
-    files = kube.get_report("inference", "llama-8b")
-    assert files == {"trials.csv": b"name\n", "curves.png": b"\x89PNG\r\n\x1a\nrest"}
+    stored = kube.get_report("inference", "llama-8b")
+    assert stored is not None and not stored.controllers  # written by someone, owned by no one
+    assert stored.files == {"trials.csv": b"name\n", "curves.png": b"\x89PNG\r\n\x1a\nrest"}
     assert kube.get_report("inference", "other") is None
 
 

@@ -9,6 +9,7 @@ import cli_fakes
 import pytest
 from rich.console import Console
 
+from batchtune.api import InvalidBatchTuning
 from batchtune.cli import status as st
 from batchtune.cli.progress import changes
 from batchtune.client import ApiUnreachable
@@ -101,8 +102,12 @@ def test_hostile_strings_are_escaped():
     assert "\x1b" not in line and "\x07" not in line and "\\x1b[2J" in line
 
 
-def test_garbage_status_does_not_crash():
-    assert changes({"status": "x"}, {"status": {"trials": "nope", "phase": 3, "applied": []}}) == ["phase 3"]
+def test_garbage_status_is_refused_naming_each_field():
+    with pytest.raises(InvalidBatchTuning) as caught:
+        changes({"status": {}}, {"status": {"trials": "nope", "phase": 3, "applied": []}})
+    assert caught.value.paths == ["status.phase", "status.trials", "status.applied"]
+    with pytest.raises(InvalidBatchTuning, match="status: must be an object"):
+        changes({"status": "x"}, {"status": {}})
 
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["log", "tty"])

@@ -1,4 +1,5 @@
-"""`batchtune report`: files from the report ConfigMap, or drawn from status while it is missing."""
+"""`batchtune report`: files from the report ConfigMap the BatchTuning controls, or drawn from status while it is
+missing or someone else's; report.html always rendered from status."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ import pytest
 
 from batchtune.cli import main
 from batchtune.cli import report as rp
+from batchtune.client import StoredReport
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+UID = "u-1"  # cli_fakes.succeeded()'s uid
+
+
+def owned(files: dict[str, bytes]) -> StoredReport:
+    """The ConfigMap as the operator writes it: controlled by the BatchTuning."""
+    return StoredReport(files, (("BatchTuning", UID),))
 
 
 @pytest.fixture
@@ -25,13 +33,13 @@ def api():
 
 def test_stored_files_are_used_as_they_are():
     stored = {"curves.png": PNG_MAGIC + b"stored", "trials.csv": b"a\n", "trials.json": b"{}", "extra": b"x"}
-    files, source = rp.report_files(cli_fakes.succeeded(), stored)
+    files, source = rp.report_files(cli_fakes.succeeded(), owned(stored))
     assert files == {k: stored[k] for k in rp.REPORT_FILES}
     assert source == "from ConfigMap llama-8b-report"
 
 
 def test_without_a_configmap_everything_is_drawn_from_status():
-    files, source = rp.report_files(cli_fakes.succeeded(), {})
+    files, source = rp.report_files(cli_fakes.succeeded(), None)
     assert "drawn from the BatchTuning's status" in source
     assert files["curves.png"].startswith(PNG_MAGIC)
     rows = list(csv.DictReader(io.StringIO(files["trials.csv"].decode())))
@@ -42,14 +50,14 @@ def test_without_a_configmap_everything_is_drawn_from_status():
 
 
 def test_a_partial_configmap_is_completed_from_status():
-    files, source = rp.report_files(cli_fakes.succeeded(), {"trials.csv": b"stored\n"})
+    files, source = rp.report_files(cli_fakes.succeeded(), owned({"trials.csv": b"stored\n"}))
     assert files["trials.csv"] == b"stored\n"
     assert files["curves.png"].startswith(PNG_MAGIC)
     assert "curves.png, trials.json drawn from status" in source
 
 
 def test_report_of_a_tuning_without_trials_still_writes_files(tmp_path):
-    files, _ = rp.report_files(cli_fakes.fresh(), {})
+    files, _ = rp.report_files(cli_fakes.fresh(), None)
     assert files["trials.csv"].decode().startswith("name,maxNumSeqs")
     paths = rp.write_files(tmp_path / "new" / "dir", files)
     assert [p.name for p in paths] == list(rp.REPORT_FILES)
@@ -59,7 +67,8 @@ def test_report_command_writes_the_configmap_files_and_prints_the_paths(api, tmp
     monkeypatch.setenv("COLUMNS", "220")
     api.add_batchtuning(cli_fakes.succeeded())
     png = PNG_MAGIC + bytes(range(256))  # binary that is not UTF-8
-    api.add_report("inference", "llama-8b", {"trials.csv": "name\nx\n", "trials.json": "{}"}, {"curves.png": png})
+    api.add_report("inference", "llama-8b", {"trials.csv": "name\nx\n", "trials.json": "{}"}, {"curves.png": png},
+                   owner_uid=UID)
     kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
     out_dir = tmp_path / "out"
     assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(out_dir)]) == 0
@@ -115,13 +124,42 @@ def test_html_is_written_on_request_from_the_configmap_or_drawn_from_status(api,
     assert "highest output throughput meeting p95 ITL 50 ms" in page and "llama-8b-trial-5" in page
     assert "holds no common curve load" in page  # this canned status predates common-load steps
     assert str(tmp_path / "b" / "report.html") in capsys.readouterr().out
+    # report.html is never copied, even from the operator's own ConfigMap: anyone who may update ConfigMaps in
+    # the namespace can edit it and keep its ownerReference.
     api.add_report("inference", "llama-8b", {"trials.csv": "n\n", "trials.json": "{}", "report.html": "<p>stored</p>"},
-                   {"curves.png": PNG_MAGIC})
+                   {"curves.png": PNG_MAGIC}, owner_uid=UID)
     assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "c"), "--html"]) == 0
-    assert (tmp_path / "c" / "report.html").read_text() == "<p>stored</p>"
+    page = (tmp_path / "c" / "report.html").read_text()
+    assert "<p>stored</p>" not in page and page.startswith("<!DOCTYPE html>") and "llama-8b-trial-5" in page
+    assert (tmp_path / "c" / "trials.csv").read_text() == "n\n"  # the owned ConfigMap's other files are used
+
+
+PLANTED = "<script>alert(1)</script>"
+
+
+@pytest.mark.parametrize("owner", [
+    pytest.param(None, id="no-owner"),
+    pytest.param("u-other", id="another-batchtunings-uid"),
+    pytest.param("not-controller", id="owner-but-not-controller"),
+])
+def test_a_report_configmap_this_batchtuning_does_not_control_is_not_copied(api, tmp_path, capsys, owner):
+    api.add_batchtuning(cli_fakes.succeeded())
+    api.add_report("inference", "llama-8b", {"trials.csv": PLANTED, "trials.json": PLANTED, "report.html": PLANTED},
+                   {"curves.png": PNG_MAGIC + b"planted"}, owner_uid=owner if owner != "not-controller" else UID)
+    if owner == "not-controller":
+        route = api.routes["/api/v1/namespaces/inference/configmaps/llama-8b-report"][1]
+        route["metadata"]["ownerReferences"][0]["controller"] = False
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    assert main(["report", "llama-8b", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "o"), "--html"]) == 0
+    for name in ("trials.csv", "trials.json", "report.html", "curves.png"):
+        data = (tmp_path / "o" / name).read_bytes()
+        assert b"planted" not in data and PLANTED.encode() not in data, name
+    assert "llama-8b-trial-3" in (tmp_path / "o" / "trials.csv").read_text()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ConfigMap llama-8b-report was not used: this BatchTuning does not control it" in out
 
 
 def test_html_drawn_from_status_uses_the_stored_curves():
-    files, source = rp.report_files(cli_fakes.succeeded(), {"curves.png": PNG_MAGIC + b"stored"}, html=True)
+    files, source = rp.report_files(cli_fakes.succeeded(), owned({"curves.png": PNG_MAGIC + b"stored"}), html=True)
     assert base64.b64encode(PNG_MAGIC + b"stored").decode() in files["report.html"].decode()
     assert "report.html" in source and "curves.png" not in source.split("drawn")[1]

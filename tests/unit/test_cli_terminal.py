@@ -74,29 +74,24 @@ def test_field_errors_escape_their_path_message_and_value() -> None:
 
 
 def hostile() -> dict[str, Any]:
-    """A finished tuning whose every printed string carries escapes and markup."""
+    """A finished tuning whose every printed string carries escapes and markup (every field the typed status model
+    holds as text; `forged()` puts them in the typed fields too)."""
     bt = cli_fakes.succeeded()
     bt["metadata"]["name"] = "llama" + HOSTILE
     bt["metadata"]["namespace"] = "ns" + CLEAR
     bt["spec"]["targetRef"]["name"] = "t" + HOSTILE
     bt["spec"]["slo"]["percentile"] = "P95" + MARKUP
     status = bt["status"]
-    status["phase"] = "Succeeded" + CLEAR
     status["bestSetting"] = "best" + HOSTILE
     status["bestTrial"] = "llama-8b-trial-3" + TITLE
     for cond in status["conditions"]:
         cond["message"] = "multi\nline " + HOSTILE
         cond["reason"] = "Verified" + MARKUP
         cond["type"] = cond["type"] + "\r"
-        cond["lastTransitionTime"] = "when" + TITLE
     for trial in status["trials"]:
-        trial["state"] = trial["state"] + MARKUP
-        trial["reason"] = "OOMKilled" + TITLE
         trial["message"] = "engine log: \x1b[31mERROR\x1b[0m " + HOSTILE
         trial["verdictReason"] = "p95 " + HOSTILE
-        trial["setting"]["maxNumSeqs"] = str(trial["setting"]["maxNumSeqs"]) + CLEAR
-        trial["metrics"] = {"outputThroughput": "fast" + TITLE, "itlMs": 3.0}
-    status["trials"][0]["index"] = "0" + TITLE  # a malformed index must not crash the sort either
+        trial["metrics"] = {"outputThroughput": "fast" + TITLE, "itlMs": 3.0}  # not a number: not shown
     status["pruned"][0]["message"] = "pruned " + HOSTILE
     status["knee"]["reason"] = "knee " + HOSTILE
     rec = status["recommendation"]
@@ -104,7 +99,33 @@ def hostile() -> dict[str, Any]:
     rec["args"] = ["serve", "--model=" + HOSTILE, "--x\n--evil"]
     rec["kustomizePatch"] = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: " + HOSTILE + "\n"
     rec["jsonPatch"] = json.dumps([{"op": "replace", "path": "/x", "value": HOSTILE}])
-    status["applied"]["appliedAt"] = "then" + CLEAR
+    return bt
+
+
+# Status fields the model types as something other than text, each given a hostile string (a forged status).
+FORGED = {
+    "status.phase": ("Succeeded" + CLEAR, "Succeeded\\u001b[2J"),
+    "status.conditions[0].lastTransitionTime": ("when" + TITLE, "when\\u001b]0;pwned\\u0007"),
+    "status.trials[0].index": ("0" + TITLE, "0\\u001b]0;pwned\\u0007"),
+    "status.trials[0].state": ("Done" + MARKUP, "Done[bold red]x[/]"),
+    "status.trials[0].reason": ("OOMKilled" + TITLE, "OOMKilled\\u001b]0;pwned\\u0007"),
+    "status.trials[0].setting.maxNumSeqs": ("16" + CLEAR, "16\\u001b[2J"),
+    "status.applied.appliedAt": ("then" + CLEAR, "then\\u001b[2J"),
+}
+
+
+def forged() -> dict[str, Any]:
+    """`hostile()` with a hostile string in every typed field of FORGED too."""
+    bt = hostile()
+    status = bt["status"]
+    status["phase"] = FORGED["status.phase"][0]
+    status["conditions"][0]["lastTransitionTime"] = FORGED["status.conditions[0].lastTransitionTime"][0]
+    trial = status["trials"][0]
+    trial["index"] = FORGED["status.trials[0].index"][0]
+    trial["state"] = FORGED["status.trials[0].state"][0]
+    trial["reason"] = FORGED["status.trials[0].reason"][0]
+    trial["setting"]["maxNumSeqs"] = FORGED["status.trials[0].setting.maxNumSeqs"][0]
+    status["applied"]["appliedAt"] = FORGED["status.applied.appliedAt"][0]
     return bt
 
 
@@ -129,9 +150,11 @@ def test_status_renders_every_hostile_string_as_visible_escapes_and_literal_mark
     plain.print(st.render_status(bt, NOW))
     shown = plain.file.getvalue()  # type: ignore[attr-defined]
     assert "\x1b" not in shown
-    for needle in ("llama" + SHOWN, "t" + SHOWN, "ns\\x1b[2J", "Succeeded\\x1b[2J", "Verified[bold red]x[/]",
-                   "OOMKilled\\x1b]0;pwned\\x07", "engine log: \\x1b[31mERROR\\x1b[0m", "because\n" + SHOWN,
-                   "--x\\n--evil", "knee " + SHOWN, "then\\x1b[2J"):
+    # Succeeded\x1b[2J, OOMKilled\x1b]... and then\x1b[2J are in typed fields now: refused, named and shown
+    # escaped by test_a_hostile_string_in_a_typed_field_is_refused_naming_the_field_safely.
+    for needle in ("llama" + SHOWN, "t" + SHOWN, "ns\\x1b[2J", "Verified[bold red]x[/]", "\\r ",
+                   "engine log: \\x1b[31mERROR\\x1b[0m", "because\n" + SHOWN, "--x\\n--evil", "knee " + SHOWN,
+                   "pruned " + SHOWN, "best" + SHOWN, "llama-8b-trial-3\\x1b]0;pwned\\x07", "p95 " + SHOWN):
         assert needle in shown, needle
     table = Console(file=io.StringIO(), width=400, color_system=None)
     table.print(st.trials_table(bt))
@@ -206,6 +229,30 @@ def test_commands_print_a_hostile_object_safely(api, tmp_path: Path, capsys: pyt
     _assert_safe(captured.out + captured.err)
     assert "\x1b" not in captured.out + captured.err  # not a terminal: rich adds no styles either
     assert "[bold red]x[/]" in captured.out + captured.err
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(["status", "llama-8b"], id="status"),
+    pytest.param(["status", "llama-8b", "--watch", "--interval", "0"], id="status-watch"),
+    pytest.param(["report", "llama-8b", "--out", "{tmp}/out", "--html"], id="report"),
+    pytest.param(["recommend", "llama-8b", "-o", "patch"], id="recommend-patch"),
+    pytest.param(["recommend", "llama-8b", "-o", "hpa"], id="recommend-hpa"),
+])
+def test_a_hostile_string_in_a_typed_field_is_refused_naming_the_field_safely(
+        api, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    _serve(api, forged())
+    kubeconfig = api.kubeconfig(tmp_path / "kc", namespace="inference")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv + ["--kubeconfig", str(kubeconfig)]) == 1
+    captured = capsys.readouterr()
+    _assert_safe(captured.out + captured.err)
+    assert "Traceback" not in captured.err and not captured.out
+    lines = captured.err.splitlines()
+    for field, (_, shown) in FORGED.items():
+        line = next((x for x in lines if f": {field}: " in x), None)
+        assert line is not None, (field, lines)
+        assert line.startswith("error: BatchTuning ns\\x1b[2J/llama" + SHOWN + ": ") and shown in line, line
+    assert not (tmp_path / "out").exists()  # nothing written from a status that does not parse
 
 
 def test_a_hostile_api_error_message_is_safe(api, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

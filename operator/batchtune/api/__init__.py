@@ -622,6 +622,9 @@ def _plain(text: str) -> tuple[Any, str | None]:  # noqa: C901
         word = "true" if text in _YAML11_TRUE else "false"
         return text, (f"is read as the boolean {word} by kubectl (YAML 1.1) but as a string by YAML 1.2 readers: "
                       f"write {word}, or quote it for a string")
+    if (_DECIMAL.fullmatch(text) or _HEX.fullmatch(text)) and len(text) > 40:
+        # int() refuses past 4300 digits (a ValueError, no field named); the API server's integers are 64-bit
+        return text, "is too large a number: the API server's integers are 64-bit"
     if _DECIMAL.fullmatch(text):
         return int(text), None
     if _HEX.fullmatch(text):

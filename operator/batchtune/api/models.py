@@ -949,7 +949,11 @@ def _finite_metrics(value: Any) -> Any:
         return value
     out = {}
     for k, v in value.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if isinstance(v, int) and abs(v) > 1e308:  # float() would overflow: as big as a float gets, infinity
+            v = math.inf if v > 0 else -math.inf
+        if math.isnan(v):
             continue
         if math.isinf(v):
             if v > 0 and str(k).endswith("Ms"):

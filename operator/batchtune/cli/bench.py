@@ -58,17 +58,20 @@ def _tuning(args: argparse.Namespace) -> int:
     from batchtune.bench.runner import run_bench
     from batchtune.bench.scenarios import get_scenarios
     from batchtune.bench.twin_truth import TwinTruth
+    from batchtune.terminal import safe
 
     if args.render:
-        import json
-
         from batchtune.bench.runner import load_result
+        from batchtune.files import InputFileError, expect, read_json
 
         try:
-            with open(args.render, encoding="utf-8") as fh:
-                loaded = load_result(json.load(fh))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"error: --render {args.render}: {exc}", file=sys.stderr)
+            loaded = load_result(expect(read_json(args.render), dict, args.render))
+        except InputFileError as exc:
+            print(f"error: --render {safe(exc)}", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a saved result of another shape
+            print(f"error: --render {safe(args.render)}: not a `batchtune bench --save` result "
+                  f"({type(exc).__name__}: {safe(exc)})", file=sys.stderr)
             return 2
         return _emit(loaded, args.output)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]

@@ -142,14 +142,12 @@ def summarize(path: str, termination_path: str | None) -> int:
     import json
     from datetime import datetime
 
+    from batchtune.files import InputFileError, expect, read_json
     from batchtune.loadgen import compact_summary
 
     termination = os.environ.get(TERMINATION_ENV) or termination_path or None
     try:
-        with open(path, encoding="utf-8") as fh:
-            result = json.load(fh)
-        if not isinstance(result, dict):
-            raise ValueError("not a JSON object")
+        result = expect(read_json(path, nonfinite=True), dict, path)  # vLLM writes Infinity for an unbounded rate
         completed = int(result.get("completed") or 0)
         result.setdefault("samples", completed)
         result.setdefault("in_flight", 0)
@@ -157,12 +155,13 @@ def summarize(path: str, termination_path: str | None) -> int:
             end = datetime.strptime(str(result["date"]), "%Y%m%d-%H%M%S").astimezone().timestamp()
             result["measure_end"] = end
             result["measure_start"] = end - float(result["duration"])
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"error: {path}: {exc}", file=sys.stderr)
+        text = compact_summary(result)
+    except (ValueError, TypeError, OverflowError) as exc:
+        where = str(exc) if isinstance(exc, InputFileError) else f"{path}: {exc}"
+        print(f"error: {where}", file=sys.stderr)
         if termination:
-            write_file(termination, json.dumps({"error": f"{path}: {exc}"[:3500]}))
+            write_file(termination, json.dumps({"error": where[:3500]}))
         return 2
-    text = compact_summary(result)
     if termination:
         write_file(termination, text)
     print(text)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from batchtune.terminal import markup, safe, text
 
@@ -39,14 +39,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(func=run)
 
 
+def _pod_spec(deployment: dict[str, Any], path: str) -> dict[str, Any]:
+    """The Deployment's pod template spec, its containers checked to be what the engine adapter reads."""
+    from batchtune.files import expect
+
+    spec = expect(deployment.get("spec", {}), dict, path, "spec")
+    template = expect(spec.get("template", {}), dict, path, "spec.template")
+    pod_spec = expect(template.get("spec", {}), dict, path, "spec.template.spec")
+    containers = expect(pod_spec.get("containers", []), list, path, "spec.template.spec.containers")
+    for i, container in enumerate(containers):
+        where = f"spec.template.spec.containers[{i}]"
+        expect(container, dict, path, where)
+        expect(container.get("name", ""), str, path, f"{where}.name")
+        for key in ("command", "args"):
+            for j, arg in enumerate(expect(container.get(key, []), list, path, f"{where}.{key}")):
+                expect(arg, str, path, f"{where}.{key}[{j}]")
+    return cast(dict[str, Any], pod_spec)
+
+
 def _target(path: str, container_name: str | None) -> tuple[Engine, EngineLimits, Invocation]:
-    import yaml
-
+    """The target Deployment's engine, limits and invocation; InputFileError or ArgsError naming the file."""
     from batchtune.engines import find_engine_container
+    from batchtune.files import read_manifest
 
-    with open(path) as fh:
-        deployment = yaml.safe_load(fh) or {}
-    pod_spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    pod_spec = _pod_spec(read_manifest(path, "Deployment"), path)
     engine, container = find_engine_container(pod_spec, container_name)
     invocation = engine.read(container)
     return engine, engine.limits(invocation.flags), invocation
@@ -63,6 +79,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
     from batchtune.core.install import install_from_values
     from batchtune.core.search import Search
     from batchtune.engines import VLLM, ArgsError
+    from batchtune.files import InputFileError
 
     console = Console(highlight=False)
     status = 0
@@ -82,6 +99,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
                 print(f"{safe(exc.source or name)}: {error}")
             status = 1
             continue
+        if not tunings:
+            print(f"{safe(name)}: no BatchTuning found", file=sys.stderr)
+            status = 1
         for bt in tunings:
             spec = bt.spec
             title = safe(f"{name}: {bt.metadata.namespace + '/' if bt.metadata.namespace else ''}{bt.metadata.name}")
@@ -90,7 +110,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901
             if args.target:
                 try:
                     engine, limits, invocation = _target(args.target, spec.target_ref.container_name)
-                except (OSError, ArgsError) as exc:
+                except InputFileError as exc:
+                    print(safe(exc))
+                    status = 1
+                    continue
+                except ArgsError as exc:
                     print(f"{safe(args.target)}: {safe(exc)}")
                     status = 1
                     continue

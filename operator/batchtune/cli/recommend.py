@@ -51,6 +51,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from batchtune.api import InvalidBatchTuning
+    from batchtune.cli.view import status_error
     from batchtune.client import CliError, connect
 
     try:
@@ -61,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
                                          args.scale_down_seconds)
         else:
             text, note = recommendation_text(bt, args.output)
+    except InvalidBatchTuning as exc:
+        print(status_error(bt, exc), file=sys.stderr)
+        return 1
     except (CliError, NoRecommendation, ValueError) as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 1
@@ -76,29 +81,30 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
     each arg of -o args and the note stay on their line).
     """
     from batchtune.cli.status import phase_of, setting_label
+    from batchtune.cli.view import shown
 
-    bt = clean(bt)
-    meta = bt.get("metadata") or {}
-    where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    status = bt.get("status") or {}
-    rec = status.get("recommendation") or {}
-    phase = phase_of(bt)
-    if not rec:
+    view = shown(bt)  # InvalidBatchTuning naming the field of a forged status
+    status = view.status
+    where = f"{view.namespace}/{view.name}"
+    rec = status.recommendation
+    phase = phase_of(view)
+    if rec is None:
         if phase == "Failed":
-            failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
+            failed = status.condition("Failed")
             raise NoRecommendation(f"BatchTuning {where} failed without a recommendation: "
-                                   f"{failed.get('reason', '')}: {failed.get('message', '')}")
+                                   f"{failed.reason if failed else ''}: {failed.message if failed else ''}")
         raise NoRecommendation(f"BatchTuning {where} has no recommendation yet (phase {phase}, "
-                               f"{status.get('trialsCompleted', 0)}/{status.get('trialsPlanned', 0)} trials done); "
-                               f"follow it with `batchtune status {meta.get('name', 'NAME')} --watch`")
+                               f"{status.trials_completed}/{status.trials_planned} trials done); "
+                               f"follow it with `batchtune status {view.name or 'NAME'} --watch`")
     field, what = FORMATS[output]
-    value = rec.get(field)
+    wire = rec.model_dump(by_alias=True)  # FORMATS names the status fields by their camelCase names
+    value = wire.get(field)
     if not value:
-        available = [name for name, (f, _) in FORMATS.items() if rec.get(f)]
+        available = [name for name, (f, _) in FORMATS.items() if wire.get(f)]
         raise NoRecommendation(f"BatchTuning {where} has no {what} (status.recommendation.{field} is empty)"
                                + (f"; available: -o {', -o '.join(available)}" if available else ""))
     text = "\n".join(safe(a) for a in value) if isinstance(value, list) else safe(value, multiline=True)
-    note = f"# {setting_label(rec.get('setting'))}: {safe(rec.get('reason', ''))}"
+    note = f"# {setting_label(rec.setting)}: {safe(rec.reason)}"
     if phase == "RolledBack":
         note += "\n# warning: this setting was applied and rolled back on production (see `batchtune status`)"
     return text, note
@@ -107,22 +113,22 @@ def recommendation_text(bt: Mapping[str, Any], output: str) -> tuple[str, str]:
 def autoscaler_text(bt: Mapping[str, Any], output: str, min_replicas: int | None = None,
                     max_replicas: int | None = None, scale_down_seconds: int = 300) -> tuple[str, str]:
     """(the HPA or ScaledObject YAML, a note for stderr); NoRecommendation when nothing was measured to scale on."""
-    from batchtune.api import InvalidBatchTuning, parse_spec, parse_status
+    from batchtune.api import InvalidBatchTuning, parse_spec
+    from batchtune.cli.view import shown
     from batchtune.core import autoscale
     from batchtune.core.vocabulary import M, TrialState
 
-    bt = clean(bt)
-    meta = bt.get("metadata") or {}
-    where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    view = shown(bt)  # InvalidBatchTuning naming the field of a forged status
+    status, where = view.status, f"{view.namespace}/{view.name}"
     try:
-        spec, status = parse_spec(dict(bt.get("spec") or {})), parse_status(dict(bt.get("status") or {}))
+        spec = parse_spec(dict(clean(bt).get("spec") or {}))
     except InvalidBatchTuning as exc:
         raise NoRecommendation(f"BatchTuning {where}: {exc}") from None
     rec = status.recommendation
     trials = [autoscale.Measured(t.setting.core(), t.state is TrialState.DONE, (t.metrics or {}).get(M.SLO_CAPACITY))
               for t in status.trials]
     try:
-        cap = autoscale.capacity(where, str(meta.get("namespace") or ""), spec.target_ref.name,
+        cap = autoscale.capacity(where, view.namespace, spec.target_ref.name,
                                  rec.setting.core() if rec else None, trials, spec.slo.headroom_percent,
                                  rec.replicas_hint if rec else None)
     except autoscale.NoCapacity as exc:

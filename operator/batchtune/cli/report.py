@@ -2,8 +2,9 @@
 three-curve image and the CSV/JSON as files, and with `--html` one self-contained page (report.html:
 decision, curves, trials, predicted against measured, workload) to open in any browser, offline.
 
-The files come from the operator's report ConfigMap `<name>-report`; what it lacks (the tuning is still
-running, or an older operator wrote it) is drawn from the BatchTuning's status instead.
+The files come from the operator's report ConfigMap `<name>-report` when the BatchTuning controls it (its
+ownerReference); report.html is always rendered here from status, and what the ConfigMap lacks (the tuning is
+still running, an older operator wrote it, or someone else did) is drawn from the BatchTuning's status instead.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import argparse
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchtune.cli.status import add_common_arguments
 from batchtune.terminal import safe, text
+
+if TYPE_CHECKING:
+    from batchtune.client import StoredReport
 
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
 HTML_FILE = "report.html"
@@ -39,16 +43,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
+    from batchtune.api import InvalidBatchTuning
     from batchtune.cli import status as st
     from batchtune.client import CliError, connect
 
     try:
         kube = connect(args.kubeconfig, args.context)
         namespace = kube.namespace(args.namespace)
-        bt = kube.get_batchtuning(namespace, args.name)
-        stored = kube.get_report(namespace, args.name) or {}
+        raw = kube.get_batchtuning(namespace, args.name)
+        bt = st.typed(raw)  # the status parsed once: a forged one ends here, naming the field
+        stored = kube.get_report(namespace, args.name)
     except CliError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
+        return 1
+    except InvalidBatchTuning as exc:
+        print(st.status_error(raw, exc), file=sys.stderr)
         return 1
     files, source = report_files(bt, stored, html=args.html)
     out_dir = args.out or Path(f"{args.name}-report")
@@ -80,17 +89,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report_files(bt: Mapping[str, Any], stored: Mapping[str, bytes], html: bool = False) -> tuple[dict[str, bytes], str]:
-    """The report's files and where they came from; what the ConfigMap lacks is drawn from status."""
+def report_files(bt: Mapping[str, Any], stored: StoredReport | None,
+                 html: bool = False) -> tuple[dict[str, bytes], str]:
+    """The report's files and where they came from. The ConfigMap's are used only when this BatchTuning
+    controls it (ownerReference to its uid, controller: true: the operator wrote it, as anyone who may write
+    ConfigMaps in the namespace can write one by that name); report.html is always rendered here from status,
+    never copied; what is not taken from the ConfigMap is drawn from status."""
+    from batchtune import KIND
+    from batchtune.cli.view import typed
+
+    bt = typed(bt)
     wanted = (*REPORT_FILES, HTML_FILE) if html else REPORT_FILES
-    files = {name: stored[name] for name in wanted if name in stored}
+    configmap = f"ConfigMap {name_of(bt)}-report"
+    uid = (bt.get("metadata") or {}).get("uid")
+    owned = stored is not None and stored.owned_by(KIND, uid if isinstance(uid, str) else None)
+    files = {name: stored.files[name] for name in REPORT_FILES if name in stored.files} if stored and owned else {}
+    files = {name: data for name, data in files.items() if name in wanted}
     if len(files) == len(wanted):
-        return files, f"from ConfigMap {name_of(bt)}-report"
+        return files, f"from {configmap}"
     drawn = from_status(bt, missing=[n for n in wanted if n not in files], png=files.get("curves.png"))
     files.update(drawn)
-    source = "drawn from the BatchTuning's status; the operator has not written its report ConfigMap yet" \
-        if not stored else f"from ConfigMap {name_of(bt)}-report, {', '.join(sorted(drawn))} drawn from status"
-    return files, source
+    if stored is None:
+        source = "drawn from the BatchTuning's status; the operator has not written its report ConfigMap yet"
+    elif not owned:
+        source = (f"drawn from the BatchTuning's status; {configmap} was not used: this BatchTuning does not control "
+                  f"it (no ownerReference to uid {uid} with controller: true), so anyone may have written it")
+    else:
+        source = f"from {configmap}, {', '.join(sorted(drawn))} drawn from status"
+    return files, safe(source)
 
 
 def name_of(bt: Mapping[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """`batchtune status NAME [--watch]`: where a BatchTuning is, its trials, conditions and decision.
 
-The render functions here take the BatchTuning as the API returns it (a dict) and build rich
-renderables; `report` reuses them. Every string from the object reaches the terminal through
+The render functions here take the BatchTuning as the API returns it (a dict), parse its status once into the
+typed model (`shown`; a status that does not parse is refused naming the field) and build rich renderables;
+`report` reuses them. Every string from the object reaches the terminal through
 `batchtune.terminal` (control characters escaped, never parsed as rich markup). Heavy imports
 stay inside functions so `batchtune --help` is fast.
 """
@@ -12,9 +13,15 @@ import argparse
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from batchtune.terminal import clean, safe, text
+from batchtune.cli.view import Shown, shown, status_error, typed, when
+from batchtune.terminal import safe, text
+
+if TYPE_CHECKING:
+    from batchtune.api.models import BatchTuningStatus, Setting, TrialRecord
+
+__all__ = ["Shown", "shown", "status_error", "typed", "when"]  # the typed view, with the renderers here
 
 TERMINAL_PHASES = ("Succeeded", "Recommended", "RolledBack", "Failed")
 SUCCESSFUL_PHASES = ("Succeeded", "Recommended")
@@ -45,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from batchtune.api import InvalidBatchTuning
     from batchtune.client import CliError, connect
 
     try:
@@ -57,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         return watch(lambda: kube.get_batchtuning(namespace, args.name), bt, args.interval)
     except CliError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
+        return 1
+    except InvalidBatchTuning as exc:
+        print(status_error(bt, exc), file=sys.stderr)
         return 1
 
 
@@ -134,8 +145,10 @@ def console() -> Any:
 
 # ---- pure rendering --------------------------------------------------------------------
 
-def phase_of(bt: Mapping[str, Any]) -> str:
-    return ((bt.get("status") or {}).get("phase")) or "Pending"
+
+def phase_of(bt: Mapping[str, Any] | Shown) -> str:
+    phase = shown(bt).status.phase
+    return str(phase) if phase else "Pending"
 
 
 def fmt(value: Any, digits: int = 0) -> str:
@@ -146,29 +159,41 @@ def fmt(value: Any, digits: int = 0) -> str:
         number = float(value)
     except (TypeError, ValueError):
         return safe(value)
+    except OverflowError:  # an integer past the largest float
+        return "(too large)"
     if number != number:  # NaN
         return "-"
     return f"{number:,.{digits}f}"
 
 
-def setting_label(setting: Mapping[str, Any] | None) -> str:
+def setting_label(setting: Setting | Mapping[str, Any] | None) -> str:
+    from batchtune.api.models import Setting
+
     if not setting:
         return "-"
-    label = f"max-num-seqs {setting.get('maxNumSeqs')}, gpu-memory-utilization {setting.get('gpuMemoryUtilizationPercent')}%"
-    if setting.get("maxNumBatchedTokens"):
-        label += f", max-num-batched-tokens {setting['maxNumBatchedTokens']}"
+    if not isinstance(setting, Setting):
+        setting = Setting.model_validate(setting)
+    label = f"max-num-seqs {setting.max_num_seqs}, gpu-memory-utilization {setting.gpu_memory_utilization_percent}%"
+    if setting.max_num_batched_tokens:
+        label += f", max-num-batched-tokens {setting.max_num_batched_tokens}"
     return safe(label)
 
 
-def age(timestamp: str | None, now: datetime) -> str:
+def age(timestamp: datetime | str | None, now: datetime) -> str:
     if not timestamp:
         return "-"
-    if not isinstance(timestamp, str):
+    if isinstance(timestamp, datetime):
+        then = timestamp
+    elif not isinstance(timestamp, str):
         return safe(timestamp)
+    else:
+        try:
+            then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        except ValueError:
+            return safe(timestamp)
     try:
-        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
         seconds = max(0, int((now - then).total_seconds()))
-    except (TypeError, ValueError):  # unparsable, or without a time zone
+    except TypeError:  # without a time zone
         return safe(timestamp)
     if seconds < 120:
         return f"{seconds}s"
@@ -179,29 +204,32 @@ def age(timestamp: str | None, now: datetime) -> str:
     return f"{seconds // 86400}d"
 
 
-def _why(trial: Mapping[str, Any]) -> str:
+def _why(trial: TrialRecord) -> str:
     """Why the trial ended as it did, on one line (an engine message's newlines shown as \\n)."""
-    if trial.get("state") == "Done":
-        return safe(trial.get("verdictReason") or trial.get("message") or "")
-    reason, message = trial.get("reason"), trial.get("message")
-    if reason and message:
-        return safe(f"{reason}: {message}")
-    return safe(reason or message or "")
+    if trial.state == "Done":
+        return safe(trial.verdict_reason or trial.message or "")
+    if trial.reason and trial.message:
+        return safe(f"{trial.reason}: {trial.message}")
+    return safe(trial.reason or trial.message or "")
 
 
-def trials_table(bt: Mapping[str, Any]) -> Any:
+def _trials(status: BatchTuningStatus) -> list[TrialRecord]:
+    return sorted(status.trials, key=lambda t: t.index)
+
+
+def trials_table(bt: Mapping[str, Any] | Shown) -> Any:
     """One row per trial: setting, state, verdict, the measured figures, and why."""
     from rich.table import Table
 
-    bt = clean(bt)
-    status = bt.get("status") or {}
-    trials = sorted(status.get("trials") or [], key=_index)
-    percentile = str(((bt.get("spec") or {}).get("slo") or {}).get("percentile") or "P95").lower()
-    best = status.get("bestTrial")
-    knee = (status.get("knee") or {}).get("maxNumSeqs")
-    with_mbt = any((t.get("setting") or {}).get("maxNumBatchedTokens") for t in trials)
-    with_capacity = any((t.get("metrics") or {}).get("sloCapacity") is not None for t in trials)
-    with_goodput = any((t.get("metrics") or {}).get("goodput") is not None for t in trials)
+    view = shown(bt)
+    status = view.status
+    trials = _trials(status)
+    percentile = view.percentile.lower()
+    best = status.best_trial
+    knee = status.knee.max_num_seqs if status.knee else None
+    with_mbt = any(t.setting.max_num_batched_tokens for t in trials)
+    with_capacity = any((t.metrics or {}).get("sloCapacity") is not None for t in trials)
+    with_goodput = any((t.metrics or {}).get("goodput") is not None for t in trials)
 
     table = Table(title="Trials", title_justify="left", header_style="bold", expand=False, pad_edge=False)
     table.add_column("#", justify="right")
@@ -214,7 +242,6 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
     table.add_column("SLO")
     table.add_column("out tok/s", justify="right")
     table.add_column("req/s", justify="right")
-    percentile = safe(percentile)
     table.add_column(text(f"TTFT {percentile} ms"), justify="right")
     table.add_column(text(f"ITL {percentile} ms"), justify="right")
     table.add_column(text(f"E2E {percentile} ms"), justify="right")
@@ -226,21 +253,20 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
         table.add_column("goodput", justify="right")
 
     for trial in trials:
-        setting = trial.get("setting") or {}
-        metrics = trial.get("metrics") or {}
+        setting = trial.setting
+        metrics = trial.metrics or {}
         marks = []
-        if best and trial.get("name") == best:
+        if best and trial.name == best:
             marks.append("★ best")
-        if knee and setting.get("maxNumSeqs") == knee:
+        if knee and setting.max_num_seqs == knee:
             marks.append("◆ knee")
-        if trial.get("current"):
+        if trial.current:
             marks.append("● production")
-        state = str(trial.get("state") or "Pending")
-        verdict = str(trial.get("verdict") or "")
-        cells: list[Any] = [trial.get("index", ""), " ".join(marks), setting.get("maxNumSeqs", "-"),
-                            setting.get("gpuMemoryUtilizationPercent", "-")]
+        state = str(trial.state)
+        verdict = str(trial.verdict or "")
+        cells: list[Any] = [trial.index, " ".join(marks), setting.max_num_seqs, setting.gpu_memory_utilization_percent]
         if with_mbt:
-            cells.append(setting.get("maxNumBatchedTokens") or "-")
+            cells.append(setting.max_num_batched_tokens or "-")
         row = [text(cell) for cell in cells]
         row += [text(state, _STATE_STYLE.get(state, "")), text(verdict, _VERDICT_STYLE.get(verdict, ""))]
         figures = [fmt(metrics.get("outputThroughput")), fmt(metrics.get("requestThroughput"), 2),
@@ -251,301 +277,287 @@ def trials_table(bt: Mapping[str, Any]) -> Any:
         if with_goodput:
             figures.append(fmt(metrics.get("goodput"), 2))
         row += [text(figure) for figure in figures]
-        table.add_row(*row, style="bold" if best and trial.get("name") == best else None)
+        table.add_row(*row, style="bold" if best and trial.name == best else None)
     if not trials:
         table.add_row(*(["", "", "(no trial yet)"] + [""] * (len(table.columns) - 3)))
     return table
 
 
-def _index(trial: Mapping[str, Any]) -> int:
-    """Sort key of a trial: its index, and a malformed one last rather than a crash."""
-    index = trial.get("index", 0)
-    return index if isinstance(index, int) and not isinstance(index, bool) else 1 << 62
-
-
-def trial_notes(bt: Mapping[str, Any]) -> Any:
+def trial_notes(bt: Mapping[str, Any] | Shown) -> Any:
     """Why each trial ended as it did, one line per trial under the table (too long for a cell)."""
     from rich.text import Text
 
-    bt = clean(bt)
-    status = bt.get("status") or {}
+    status = shown(bt).status
     notes = Text()
-    for trial in sorted(status.get("trials") or [], key=_index):
+    for trial in _trials(status):
         why = _why(trial)
         if not why:
             continue
         if notes.plain:
             notes.append("\n")
-        style = "green" if status.get("bestTrial") == trial.get("name") else (
-            "red" if trial.get("state") in ("Infeasible", "Failed") else "")
-        notes.append(f"  #{safe(trial.get('index', '?'))} ", style="bold")
+        style = "green" if status.best_trial == trial.name else (
+            "red" if trial.state in ("Infeasible", "Failed") else "")
+        notes.append(f"  #{trial.index} ", style="bold")
         notes.append(why, style=style)
     return notes
 
 
-def conditions_table(bt: Mapping[str, Any], now: datetime) -> Any:
+def conditions_table(bt: Mapping[str, Any] | Shown, now: datetime) -> Any:
     from rich.table import Table
 
-    bt = clean(bt)
     table = Table(title="Conditions", title_justify="left", header_style="bold", pad_edge=False)
     for column in ("type", "status", "reason", "age"):
         table.add_column(column, no_wrap=True)
     table.add_column("message", overflow="fold", max_width=90)
-    for cond in (bt.get("status") or {}).get("conditions") or []:
-        value = cond.get("status", "")
-        bad = (cond.get("type") in ("Failed", "Degraded")) == (value == "True")
-        table.add_row(text(cond.get("type", "")), text(value, "red" if bad else "green"), text(cond.get("reason", "")),
-                      text(age(cond.get("lastTransitionTime"), now)), text(cond.get("message", ""), multiline=True))
+    for cond in shown(bt).status.conditions:
+        value = str(cond.status)
+        bad = (cond.type in ("Failed", "Degraded")) == (value == "True")
+        table.add_row(text(cond.type), text(value, "red" if bad else "green"), text(cond.reason),
+                      text(age(cond.last_transition_time, now)), text(cond.message, multiline=True))
     return table
 
 
-def header(bt: Mapping[str, Any], now: datetime) -> Any:
+def header(bt: Mapping[str, Any] | Shown, now: datetime) -> Any:
     """Name, target, phase, and a progress bar over the planned trials."""
     from rich.console import Group
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
-    bt = clean(bt)
-    meta = bt.get("metadata") or {}
-    spec = bt.get("spec") or {}
-    status = bt.get("status") or {}
-    phase = safe(phase_of(bt))
-    progressing: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Progressing"), {})
+    view = shown(bt)
+    status = view.status
+    phase = safe(phase_of(view))
+    progressing = status.condition("Progressing")
     title = Text.assemble(
-        ("BatchTuning ", "bold"), (safe(f"{meta.get('namespace', '')}/{meta.get('name', '')}"), "bold cyan"),
-        "  target Deployment ", (safe((spec.get("targetRef") or {}).get("name", "-")), "cyan"),
+        ("BatchTuning ", "bold"), (safe(f"{view.namespace}/{view.name}"), "bold cyan"),
+        "  target Deployment ", (view.target or "-", "cyan"),
         "  phase ", (phase, _PHASE_STYLE.get(phase, "bold yellow")),
-        (f" ({safe(progressing['reason'])})" if progressing.get("reason") else "", "dim"),
-        f"  age {age(meta.get('creationTimestamp'), now)}",
+        (f" ({safe(progressing.reason)})" if progressing else "", "dim"),
+        f"  age {age(view.created, now)}",
     )
-    planned = _count(status.get("trialsPlanned"))
-    done = _count(status.get("trialsCompleted"))
-    running = sum(1 for t in status.get("trials") or [] if t.get("state") in ("Deploying", "Warming", "Measuring"))
+    planned = _count(status.trials_planned)
+    done = _count(status.trials_completed)
+    running = sum(1 for t in status.trials if t.state in ("Deploying", "Warming", "Measuring"))
     grid = Table.grid(padding=(0, 1))
     grid.add_row(Text("trials", style="bold"), ProgressBar(total=max(planned, 1), completed=min(done, planned or 1),
                                                             width=30),
                  Text(f"{done}/{planned} done" + (f", {running} running" if running else "")))
     lines: list[Any] = [title, grid]
-    if not status:
+    if not view.written:
         lines.append(Text("no status yet: the operator has not picked this BatchTuning up (is it running? "
                           "kubectl get pods -A -l app.kubernetes.io/name=batchtune)", style="yellow"))
-    if status.get("bestSetting"):
-        lines.append(Text.assemble(("best  ", "bold"), (safe(status["bestSetting"]), "green"),
-                                   f"  (trial {safe(status.get('bestTrial', '-'))})"))
-    pruned = status.get("pruned") or []
+    if status.best_setting:
+        lines.append(Text.assemble(("best  ", "bold"), (safe(status.best_setting), "green"),
+                                   f"  (trial {safe(status.best_trial or '-')})"))
+    pruned = status.pruned
     if pruned:
-        sample = "; ".join(f"{setting_label(p.get('setting'))}: {p.get('message') or p.get('reason', '')}" for p in pruned[:2])
+        sample = "; ".join(f"{setting_label(p.setting)}: {p.message or p.reason}" for p in pruned[:2])
         lines.append(text(f"pruned before any GPU was used: {len(pruned)} setting(s), e.g. {sample}", "dim"))
     return Group(*lines)
 
 
-def _count(value: Any) -> int:
-    """A trial count from status; what is not a non-negative integer counts as 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+MAX_SHOWN_COUNT = 1 << 31
+"""A trial count past this is shown as this (a forged status may say anything; a tuning runs a few dozen)."""
 
 
-def decision(bt: Mapping[str, Any]) -> Any:  # noqa: C901
+def _count(value: int) -> int:
+    return min(value, MAX_SHOWN_COUNT)
+
+
+def decision(bt: Mapping[str, Any] | Shown) -> Any:  # noqa: C901
     """The decision with its reasons: setting, knee, replicas hint, and what happened in production."""
     from rich.text import Text
 
-    bt = clean(bt)
-    status = bt.get("status") or {}
-    phase = safe(phase_of(bt))
-    rec = status.get("recommendation") or {}
-    knee = status.get("knee") or {}
-    applied = status.get("applied") or {}
+    view = shown(bt)
+    status = view.status
+    phase = safe(phase_of(view))
+    rec, knee, applied = status.recommendation, status.knee, status.applied
     made = Text()
     if rec:
         made.append("Decision: ", style="bold")
-        made.append(setting_label(rec.get("setting")), style="bold green")
-        if status.get("bestTrial"):
-            made.append(f"  (trial {safe(status['bestTrial'])})")
+        made.append(setting_label(rec.setting), style="bold green")
+        if status.best_trial:
+            made.append(f"  (trial {safe(status.best_trial)})")
         made.append("\n  why: ", style="bold")
-        made.append(safe(rec.get("reason", ""), multiline=True))
-        if rec.get("workload"):
+        made.append(safe(rec.reason, multiline=True))
+        if rec.workload:
             made.append("\n  for: ", style="bold")
-            made.append(safe(rec["workload"]))
-        if isinstance(rec.get("args"), list) and rec["args"]:
+            made.append(safe(rec.workload))
+        if rec.args:
             made.append("\n  args: ", style="bold")
-            made.append(" ".join(safe(a) for a in rec["args"]))
-        if rec.get("replicasHint"):
+            made.append(" ".join(safe(a) for a in rec.args))
+        if rec.replicas_hint:
             made.append("\n  replicas: ", style="bold")
-            made.append(f"{safe(rec['replicasHint'])} would serve production's observed peak at this setting")
-            if rec.get("replicasBasis"):
-                made.append(f" ({safe(rec['replicasBasis'])})")
-        elif rec.get("replicasBasis"):
+            made.append(f"{rec.replicas_hint} would serve production's observed peak at this setting")
+            if rec.replicas_basis:
+                made.append(f" ({safe(rec.replicas_basis)})")
+        elif rec.replicas_basis:
             made.append("\n  replicas: ", style="bold")
-            made.append(safe(rec["replicasBasis"]))
+            made.append(safe(rec.replicas_basis))
     elif phase == "Failed":
-        failed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
+        failed = status.condition("Failed")
         made.append("No decision: ", style="bold red")
-        made.append(safe(f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}", multiline=True))
+        made.append(safe(f"{failed.reason if failed else 'Failed'}: {failed.message if failed else ''}",
+                         multiline=True))
     if knee:
         made.append("\n  knee: ", style="bold")
-        made.append(safe(f"max-num-seqs {knee.get('maxNumSeqs')}: {knee.get('reason', '')}"))
-    if applied.get("appliedAt"):
+        made.append(safe(f"max-num-seqs {knee.max_num_seqs}: {knee.reason}"))
+    if applied and applied.applied_at:
         made.append("\n  production: ", style="bold")
-        made.append(f"patched at {safe(applied['appliedAt'])}")
-        if applied.get("verifiedAt"):
-            made.append(f", verified at {safe(applied['verifiedAt'])}", style="green")
-        if applied.get("rolledBackAt"):
-            made.append(f", rolled back at {safe(applied['rolledBackAt'])}", style="red")
+        made.append(f"patched at {when(applied.applied_at)}")
+        if applied.verified_at:
+            made.append(f", verified at {when(applied.verified_at)}", style="green")
+        if applied.rolled_back_at:
+            made.append(f", rolled back at {when(applied.rolled_back_at)}", style="red")
     elif phase == "Recommended":
         made.append("\n  production: ", style="bold")
         made.append(f"not changed (Recommend mode); apply with `batchtune recommend "
-                    f"{safe((bt.get('metadata') or {}).get('name', 'NAME'))} -o patch`")
+                    f"{safe(view.name or 'NAME')} -o patch`")
     return made
 
 
-def workload_block(bt: Mapping[str, Any], now: datetime) -> Any:
+def workload_block(bt: Mapping[str, Any] | Shown, now: datetime) -> Any:
     """The workload the trials drive: production's measured profile (rate, burstiness, lengths) or the spec's."""
     from rich.text import Text
 
-    bt = clean(bt)
-    workload = (bt.get("status") or {}).get("workload") or {}
+    workload = shown(bt).status.workload
     out = Text()
-    if not workload:
+    if workload is None:
         return out
     out.append("Workload: ", style="bold")
-    if workload.get("source") != "production":
-        out.append(safe(workload.get("summary") or "spec.load's fixed lengths"))
+    if workload.source != "production":
+        out.append(safe(workload.summary or "spec.load's fixed lengths"))
         return out
-    out.append(safe(f"production over {fmt(workload.get('lookbackSeconds'))}s, {fmt(workload.get('requests'))} "
-                    f"requests, measured {age(workload.get('measuredAt'), now)} ago"))
-    burst = workload.get("burstiness")
+    out.append(safe(f"production over {fmt(workload.lookback_seconds)}s, {fmt(workload.requests)} "
+                    f"requests, measured {age(workload.measured_at, now)} ago"))
+    burst = workload.burstiness
     out.append("\n  arrivals: ", style="bold")
-    out.append(f"{fmt(workload.get('requestsPerSecond'), 2)} req/s mean, {fmt(workload.get('peakRequestsPerSecond'), 2)} "
-               f"peak ({fmt(workload.get('rateWindowSeconds'))}s windows), burstiness "
-               + (fmt(burst, 2) + (" (Poisson)" if burst == 1 else " (burstier than Poisson)" if
-                                   isinstance(burst, (int, float)) and burst < 1 else "")
+    out.append(f"{fmt(workload.requests_per_second, 2)} req/s mean, {fmt(workload.peak_requests_per_second, 2)} "
+               f"peak ({fmt(workload.rate_window_seconds)}s windows), burstiness "
+               + (fmt(burst, 2) + (" (Poisson)" if burst == 1 else " (burstier than Poisson)" if burst < 1 else "")
                   if burst is not None else "not measured (Poisson assumed)"))
-    for key, name in (("promptLengths", "prompt"), ("outputLengths", "output")):
-        dist = workload.get(key) or {}
+    for dist, name in ((workload.prompt_lengths, "prompt"), (workload.output_lengths, "output")):
+        quantiles = {"p50": dist.p50, "p90": dist.p90, "p99": dist.p99} if dist else {}
         out.append(f"\n  {name} tokens: ", style="bold")
-        out.append("mean " + "  ".join([fmt(dist.get("mean"))] + [f"{q} {fmt(dist.get(q))}" for q in ("p50", "p90", "p99")]))
-    if workload.get("prefixCacheHitPercent") is not None:
+        out.append("mean " + "  ".join([fmt(dist.mean if dist else None)]
+                                       + [f"{q} {fmt(quantiles.get(q))}" for q in ("p50", "p90", "p99")]))
+    if workload.prefix_cache_hit_percent is not None:
         out.append("\n  prefix cache: ", style="bold")
-        out.append(f"{fmt(workload['prefixCacheHitPercent'])}% of prompt tokens hit")
-    for note in workload.get("notes") or []:
+        out.append(f"{fmt(workload.prefix_cache_hit_percent)}% of prompt tokens hit")
+    for note in workload.notes:
         out.append("\n  note: ", style="bold yellow")
         out.append(safe(note))
     return out
 
 
-def rounds_block(bt: Mapping[str, Any], now: datetime) -> Any:
+def rounds_block(bt: Mapping[str, Any] | Shown, now: datetime) -> Any:
     """Continuous tuning: the last rounds (why each started, production's setting against the best) and the watch."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    bt = clean(bt)
-    status = bt.get("status") or {}
-    rounds = [r for r in status.get("rounds") or [] if isinstance(r, dict)]
+    status = shown(bt).status
+    rounds = status.rounds
     if not rounds:
         return Group()
     table = Table(title="Rounds (spec.retune)", title_justify="left", header_style="bold", pad_edge=False)
     for column in ("#", "trigger", "started", "production's setting", "best other", "gain %", "outcome"):
         table.add_column(column, justify="right" if column in ("#", "gain %") else "left")
     for r in rounds:
-        current = f"{safe(r.get('currentSetting') or '-')} ({fmt(r.get('currentObjective'), 2)})" \
-            if r.get("currentTrial") else "-"
-        best = f"{safe(r.get('bestSetting') or '-')} ({fmt(r.get('bestObjective'), 2)})" \
-            if r.get("bestObjective") is not None else safe(r.get("bestSetting") or "-")
-        outcome = safe(r.get("outcome") or ("running" if not r.get("endedAt") else "-"))
-        table.add_row(text(r.get("round", "")), text(r.get("trigger", "")), text(age(r.get("startedAt"), now)),
-                      text(current), text(best), text(fmt(r.get("improvementPercent"), 1)), text(outcome))
+        current = f"{safe(r.current_setting or '-')} ({fmt(r.current_objective, 2)})" if r.current_trial else "-"
+        best = f"{safe(r.best_setting or '-')} ({fmt(r.best_objective, 2)})" \
+            if r.best_objective is not None else safe(r.best_setting or "-")
+        outcome = safe(r.outcome or ("running" if not r.ended_at else "-"))
+        table.add_row(text(r.round), text(r.trigger), text(age(r.started_at, now)),
+                      text(current), text(best), text(fmt(r.improvement_percent, 1)), text(outcome))
     parts: list[Any] = [table]
-    for r in rounds[-1:]:
-        if r.get("reason"):
-            parts.append(text(f"  round {safe(r.get('round'))} started: {safe(r['reason'])}", "dim"))
-    watch = status.get("retune") or {}
-    if rounds[-1].get("endedAt") and watch:
+    last = rounds[-1]
+    if last.reason:
+        parts.append(text(f"  round {last.round} started: {safe(last.reason)}", "dim"))
+    watch = status.retune
+    if last.ended_at and watch:
         line = Text("  watching: ", style="bold")
-        if watch.get("nextCheckAt"):
-            line.append(f"next check at {safe(watch['nextCheckAt'])}")
-        if watch.get("message"):
-            line.append(f"; last check {age(watch.get('lastCheckAt'), now)} ago: {safe(watch['message'])}")
+        if watch.next_check_at:
+            line.append(f"next check at {when(watch.next_check_at)}")
+        if watch.message:
+            line.append(f"; last check {age(watch.last_check_at, now)} ago: {safe(watch.message)}")
         parts.append(line)
     return Group(*parts)
 
 
-def render_status(bt: Mapping[str, Any], now: datetime) -> Any:
+def render_status(bt: Mapping[str, Any] | Shown, now: datetime) -> Any:
+    """Everything `batchtune status` shows; InvalidBatchTuning naming the field of a status that does not parse."""
     from rich.console import Group
     from rich.text import Text
 
-    bt = clean(bt)
-    parts: list[Any] = [header(bt, now)]
-    workload = workload_block(bt, now)
+    view = shown(bt)
+    parts: list[Any] = [header(view, now)]
+    workload = workload_block(view, now)
     if workload.plain:
         parts += [Text(""), workload]
-    parts += [Text(""), trials_table(bt)]
-    notes = trial_notes(bt)
+    parts += [Text(""), trials_table(view)]
+    notes = trial_notes(view)
     if notes.plain:
         parts.append(notes)
-    if (bt.get("status") or {}).get("conditions"):
-        parts += [Text(""), conditions_table(bt, now)]
-    twin = twin_table(bt)
+    if view.status.conditions:
+        parts += [Text(""), conditions_table(view, now)]
+    twin = twin_table(view)
     if twin is not None:
         parts += [Text(""), twin]
-    made = decision(bt)
+    made = decision(view)
     if made.plain:
         parts += [Text(""), made]
-    if (bt.get("status") or {}).get("rounds"):
-        parts += [Text(""), rounds_block(bt, now)]
+    if view.status.rounds:
+        parts += [Text(""), rounds_block(view, now)]
     return Group(*parts)
 
 
-def twin_table(bt: Mapping[str, Any]) -> Any | None:
+def twin_table(bt: Mapping[str, Any] | Shown) -> Any | None:
     """Strategy TwinGuided: the twin's verdict and, per trial it predicted, predicted against measured."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    bt = clean(bt)
-    status = bt.get("status") or {}
-    twin = status.get("twin")
-    if not isinstance(twin, dict):
+    view = shown(bt)
+    status = view.status
+    twin = status.twin
+    if twin is None:
         return None
-    unit = "tok/s" if ((bt.get("spec") or {}).get("objective") or {}).get("type") == "OutputThroughput" else "req/s"
-    verdict = safe(twin.get("verdict") or "-")
+    unit = "tok/s" if view.objective == "OutputThroughput" else "req/s"
+    verdict = safe(twin.verdict or "-")
     head = Text.assemble(("Twin ", "bold"), (verdict, "green" if verdict in ("Trusted", "Nominal") else "red"),
-                         f"  next trial: {safe(twin.get('mode') or '-')}",
-                         f"  calibrated on {_count(twin.get('observations'))} load step(s)",
-                         f"  {_count(twin.get('ranked'))} candidates ranked in {fmt(twin.get('searchSeconds'), 1)} s")
+                         f"  next trial: {safe(twin.mode or '-')}",
+                         f"  calibrated on {_count(twin.observations)} load step(s)",
+                         f"  {_count(twin.ranked)} candidates ranked in {fmt(twin.search_seconds, 1)} s")
     lines: list[Any] = [head]
-    if twin.get("mode") == "measure" and verdict == "Untrusted":
+    if twin.mode == "measure" and verdict == "Untrusted":
         lines.append(text("  The calibration is Untrusted: the twin does not steer, trials are chosen by measuring "
                           "(Adaptive) until a recalibration is Trusted", "red"))
-    if twin.get("reason"):
-        lines.append(text(f"  {twin['reason']}", "dim"))
-    parameters = twin.get("parameters") or {}
-    if parameters:
-        lines.append(text("  fitted: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}"
-                                                   for k, v in parameters.items()), "dim"))
+    if twin.reason:
+        lines.append(text(f"  {twin.reason}", "dim"))
+    if twin.parameters:
+        lines.append(text("  fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in twin.parameters.items()), "dim"))
     table = Table(title="Predicted against measured", title_justify="left", header_style="bold", pad_edge=False)
     for column in ("#", "setting", f"predicted {unit}", f"measured {unit}", f"recalibrated {unit}", "predicted load",
                    "first step load", "agrees"):
         table.add_column(column, justify="left" if column in ("setting", "agrees") else "right")
     table.add_column("furthest from its prediction", overflow="fold", max_width=70)
-    now_predicted = {str(p.get("setting")): p.get("objective") for p in twin.get("predictions") or []
-                     if isinstance(p, dict)}
+    now_predicted = {p.setting: p.objective for p in twin.predictions}
     rows = 0
-    for trial in sorted(status.get("trials") or [], key=_index):
-        prediction = trial.get("prediction")
-        if not isinstance(prediction, dict):
+    for trial in _trials(status):
+        prediction = trial.prediction
+        if prediction is None:
             continue
-        metrics = trial.get("metrics") or {}
+        metrics = trial.metrics or {}
         measured = metrics.get("sloCapacity") if unit == "req/s" else metrics.get("outputThroughput")
-        steps = trial.get("steps") or []
-        first = steps[0].get("load") if steps and isinstance(steps[0], dict) else None
-        agrees = prediction.get("agrees")
-        table.add_row(text(trial.get("index", "")), text(setting_label(trial.get("setting"))),
-                      fmt(prediction.get("objective"), 2), fmt(measured, 2),
-                      fmt(now_predicted.get(str(trial.get("setting"))), 2), fmt(prediction.get("capacityLoad")),
+        first = trial.steps[0].load if trial.steps else None
+        agrees = prediction.agrees
+        table.add_row(text(trial.index), text(setting_label(trial.setting)),
+                      fmt(prediction.objective, 2), fmt(measured, 2),
+                      fmt(now_predicted.get(trial.setting), 2), fmt(prediction.capacity_load),
                       fmt(first), text("-" if agrees is None else ("yes" if agrees else "no"),
                                        "" if agrees is None else ("green" if agrees else "red")),
-                      text(prediction.get("comparison") or ""))
+                      text(prediction.comparison or ""))
         rows += 1
     if rows:
         lines.append(table)

@@ -113,8 +113,9 @@ def capture(kube: Any, namespace: str, args: argparse.Namespace) -> Any:
                         if LABEL_TUNING not in (p["metadata"].get("labels") or {})))
     token = None
     if args.token_file:
-        with open(args.token_file, encoding="utf-8") as fh:
-            token = fh.read().strip()
+        from batchtune.files import read_text
+
+        token = read_text(args.token_file, 64 * 1024).strip()  # InputFileError (a ValueError) naming the file
     ctx = QueryContext(MetricNames.build(engine.metrics, overrides(args.metric_name)),
                        LabelNames(args.pod_label, args.namespace_label, None), LabelNames(model=None))
     reader = PrometheusReader(args.prometheus, ctx, token=token)

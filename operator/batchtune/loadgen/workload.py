@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchtune.core.workload import LengthDistribution
+from batchtune.files import InputFileError, parse_json, read_text
 
 MAX_TRACE_REQUESTS = 1_000_000
 MAX_TOKENS = 1_000_000
@@ -99,9 +100,9 @@ def parse_trace(lines: Iterable[str]) -> list[TraceRequest]:
         if len(out) >= MAX_TRACE_REQUESTS:
             raise TraceError(f"trace line {number}: more than {MAX_TRACE_REQUESTS} requests")
         try:
-            item = json.loads(text)
-        except ValueError:
-            raise TraceError(f"trace line {number}: not JSON") from None
+            item = parse_json(text, "trace", nonfinite=True)  # the offset is checked finite below
+        except InputFileError:
+            raise TraceError(f"trace line {number}: not JSON, or nested too deeply") from None
         if not isinstance(item, dict):
             raise TraceError(f"trace line {number}: not a JSON object")
         unknown = set(item) - {"offset_seconds", "prompt_tokens", "output_tokens"}
@@ -120,8 +121,11 @@ def parse_trace(lines: Iterable[str]) -> list[TraceRequest]:
 
 
 def read_trace(path: str) -> list[TraceRequest]:
-    with open(path, encoding="utf-8") as fh:
-        return parse_trace(fh)
+    """The trace file's requests; InputFileError naming the file and the line."""
+    try:
+        return parse_trace(read_text(path).splitlines())
+    except TraceError as exc:
+        raise InputFileError(path, str(exc)) from None
 
 
 def trace_lines(requests: Iterable[TraceRequest]) -> str:

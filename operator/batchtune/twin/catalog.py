@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 GIB = 1024**3
 MIB = 1024**2
 
@@ -284,11 +282,23 @@ def load_custom_catalog(path: str | Path) -> tuple[list[GpuSpec], list[ModelSpec
     `{name: MI300X, memory_gib: 191.5, bandwidth_gbps: 5300, bf16_tflops: 1307, fp8_tflops: 2615,
     tdp_w: 750, idle_w: 90, product_labels: [AMD-MI300X]}`.
     """
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping with 'gpus' and/or 'models', got {type(data).__name__}")
-    gpus = [_build(GpuSpec, dict(e), f"{path}: gpus[{i}]") for i, e in enumerate(data.get("gpus") or [])]
-    models = [_build(ModelSpec, dict(e), f"{path}: models[{i}]") for i, e in enumerate(data.get("models") or [])]
+    from batchtune.files import InputFileError, expect, read_yaml_documents
+
+    documents = read_yaml_documents(path)
+    if len(documents) > 1:
+        raise InputFileError(path, f"{len(documents)} YAML documents: a catalog is one mapping with 'gpus' and/or "
+                                   "'models'")
+    if not documents:
+        raise InputFileError(path, "empty: expected a mapping with 'gpus' and/or 'models'")
+    data = expect(documents[0], dict, path)
+    unknown = sorted(str(k) for k in data if k not in ("gpus", "models"))
+    if unknown or not data:
+        raise InputFileError(path, f"unknown key(s) {unknown}: a catalog has 'gpus' and/or 'models'" if unknown
+                             else "expected 'gpus' and/or 'models'")
+    gpus = [_build(GpuSpec, dict(expect(e, dict, path, f"gpus[{i}]")), f"{path}: gpus[{i}]")
+            for i, e in enumerate(expect(data.get("gpus") or [], list, path, "gpus"))]
+    models = [_build(ModelSpec, dict(expect(e, dict, path, f"models[{i}]")), f"{path}: models[{i}]")
+              for i, e in enumerate(expect(data.get("models") or [], list, path, "models"))]
     for gpu in gpus:
         _register_gpu(gpu)
     for model in models:

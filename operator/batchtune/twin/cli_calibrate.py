@@ -257,13 +257,9 @@ def calibration_document(calibration: Calibration, cfg: ServeConfig, model: str,
 
 def read_calibration(path: str) -> dict[str, Any]:
     """A calibration document written by `twin calibrate -o json`; ValueError naming the file and key."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            document = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from None
+    from batchtune.files import read_json
+
+    document = read_json(path)  # InputFileError (a ValueError) naming the file and the line or key
     if not isinstance(document, dict) or document.get("kind") != DOCUMENT_KIND:
         raise ValueError(f"{path}: key 'kind' is {document.get('kind') if isinstance(document, dict) else None!r}; "
                          f"expected {DOCUMENT_KIND!r} (the output of `batchtune twin calibrate -o json`)")

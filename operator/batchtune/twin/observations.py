@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchtune.files import InputFileError, json_lines, parse_json, read_text
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.fit import Observation
 from batchtune.twin.steady import Shape
@@ -120,40 +121,29 @@ def load_observations(path: str | Path, cfg: ServeConfig, inputs: Inputs | None 
 
 def _read(path: Path, what: str) -> str:
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ObservationError(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} {what} may have")
-        return path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise ObservationError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ObservationError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        return read_text(path, MAX_FILE_BYTES)
+    except InputFileError as exc:
+        raise ObservationError(f"{exc} ({what})") from None
 
 
 def _results(text: str, where: str) -> Iterator[Mapping[str, Any]]:
+    # vllm bench serve writes NaN (the std of one sample) and Infinity (an unbounded request rate): each key's
+    # reader below checks its number.
     try:
-        data = json.loads(text, parse_constant=_constant)
-    except ValueError as first:
+        data = parse_json(text, where, nonfinite=True)
+    except InputFileError as first:
         # --append-result writes one object per line
-        lines = [line for line in text.splitlines() if line.strip()]
-        if len(lines) < 2:
-            raise ObservationError(f"{where}: not JSON: {first}") from None
-        data = []
-        for n, line in enumerate(lines, start=1):
-            try:
-                data.append(json.loads(line, parse_constant=_constant))
-            except ValueError as exc:
-                raise ObservationError(f"{where}: line {n}: not JSON: {exc}") from None
+        if len([line for line in text.splitlines() if line.strip()]) < 2:
+            raise ObservationError(str(first)) from None
+        try:
+            data = [value for _, value in json_lines(text.splitlines(), where, nonfinite=True)]
+        except InputFileError as exc:
+            raise ObservationError(str(exc)) from None
     items = data if isinstance(data, list) else [data]
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ObservationError(f"{where}[{i}]: expected a result object, got {type(item).__name__}")
         yield item
-
-
-def _constant(name: str) -> float:
-    # Python's json writes NaN/Infinity for non-finite floats (vllm bench serve does, e.g. std of one sample)
-    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 
 
 def observation(result: Mapping[str, Any], cfg: ServeConfig, source: str, inputs: Inputs | None = None) -> Observation:
@@ -493,4 +483,6 @@ def _number(result: Mapping[str, Any], key: str, source: str, required: bool = F
         if optional_nan:
             return None
         raise ObservationError(f"{source}: key {key!r} is {result[key]!r}; expected a number")
+    if math.isinf(value):
+        raise ObservationError(f"{source}: key {key!r} is {result[key]!r}; expected a finite number")
     return float(value)
