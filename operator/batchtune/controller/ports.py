@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from batchtune.core.measurement import Window
+from batchtune.core.policy import UrlCheck
 from batchtune.core.promql import QueryContext
 from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.workload import WorkloadObservation
@@ -108,7 +109,8 @@ class MetricsReader(Protocol):
 
 
 class Metrics(Protocol):
-    def reader(self, url: str, token: str | None, ctx: QueryContext, engine: Engine) -> MetricsReader: ...
+    def reader(self, url: UrlCheck, token: str | None, ctx: QueryContext, engine: Engine, owner: str) -> MetricsReader:
+        """A reader for one tick of the BatchTuning `owner` (its uid) at the URL the policy allowed."""
 
 
 class Reports(Protocol):
@@ -138,7 +140,8 @@ class Install:
     load_images: tuple[str, ...] = ()
     """Images `spec.load.image` may name, besides the operator's own."""
     prometheus_urls: tuple[str, ...] = ()
-    """URL prefixes `spec.prometheus.url` may start with; empty: any http(s) URL that is not link-local."""
+    """URL prefixes `spec.prometheus.url` must be under (canonical scheme, host, port, path: `core.policy`); empty:
+    any http(s) URL the address rules allow. A prefix naming a loopback host itself is the only way to loopback."""
     max_gpu_minutes: int = 2880
     """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
     secret_label: str = "batchtune.io/prometheus-token"
