@@ -29,6 +29,9 @@ Checked beyond the CRD:
   - explicit nulls in spec (`mode:` with nothing after it): the API server would drop them and
     use the default, so an empty value would silently mean Auto.
   - files over 1 MiB, nesting deeper than 100, aliases adding more than 10000 nodes, non-UTF-8.
+  - spec.prometheus.url by the operator's address rules (any spelling of a loopback, link-local,
+    multicast or cloud-metadata host, percent-encoding, credentials, a query or fragment); the
+    install's allowed prefixes and what a name resolves to are the operator's to check.
   - spec.searchSpace.extraArgs as the operator's engine check reads them (no control characters,
     no $(VAR), no tuned knob).
   - a search space vLLM would refuse entirely (e.g. every maxNumBatchedTokens below every
@@ -113,8 +116,13 @@ def offline_checks(bt: BatchTuning) -> tuple[list[FieldError], str | None]:
     """
     from batchtune.api import MISSING, FieldError
     from batchtune.core import plan_candidates
+    from batchtune.core.policy import prometheus_url_problem
     from batchtune.engines import VLLM
 
+    field = "spec.prometheus.url"
+    url_problem = prometheus_url_problem(bt.spec.prometheus.url, ())  # the install-independent rules
+    if url_problem:
+        return [FieldError(field, MISSING, url_problem.removeprefix(f"{field} "))], None
     space_spec = bt.spec.search_space
     extra = list(space_spec.extra_args or [])
     problems = VLLM.check_extra_args(extra)
