@@ -252,3 +252,10 @@ def test_a_name_that_does_not_resolve_is_unavailable():
 
     with pytest.raises(PrometheusUnavailable, match="did not resolve"):
         reader("http://prom.example:9090", resolver=fail).scalar("up")
+
+
+def test_the_readers_of_one_tuning_share_one_gate_and_others_do_not():
+    from batchtune.controller.handlers import PrometheusMetrics
+
+    metrics = PrometheusMetrics()
+    assert metrics.gate("uid-a") is metrics.gate("uid-a") and metrics.gate("uid-a") is not metrics.gate("uid-b")
