@@ -78,7 +78,9 @@ def main() -> int:
     run("helm", "upgrade", "--install", "batchtune", str(ROOT / "charts" / "batchtune"), "--namespace",
         RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m", "--set", "operator.tickSeconds=2",
         # The local cluster's Prometheus scrapes every 2 s (a real one: 15-30 s, and longer windows).
-        "--set", "prometheus.scrapeIntervalSeconds=2")
+        "--set", "prometheus.scrapeIntervalSeconds=2",
+        # It is on loopback, which the chart allows only where allowedUrls names it.
+        "--set", f"prometheus.allowedUrls={{{prometheus.rstrip('/')}/}}")
 
     step("Deploying production: Llama-3.1-70B fp8 on one H100 at --max-num-seqs 8, behind a Service")
     kubectl("create", "namespace", NAMESPACE, check=False, quiet=True)

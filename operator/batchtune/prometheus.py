@@ -6,24 +6,37 @@ data is None ("unknown"), never zero. A query answers one series, because every 
 aggregation did not hold, and that figure is unknown, never the largest. Prometheus unreachable, an
 HTTP error, a 200 with an error body, missing or null `data`, or a result of the wrong type is
 `PrometheusUnavailable`, with a short sanitised message (never the body itself).
+
+The answer comes from a server a BatchTuning's author chose, so the client trusts none of it: the URL's
+host is resolved once per reader and every address is checked (`core.addresses`) before the connection
+goes to the checked address itself, never a second lookup; redirects are never followed; an answer is
+streamed up to a byte cap; each query has a total deadline (a watchdog cuts the socket, so a server that
+drips bytes cannot stretch it) and a reader (one tick) a budget; and one BatchTuning's queries hold at
+most one worker at a time (`gate`): a second one fails at once instead of waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import ipaddress
+import json
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
-import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from urllib3.util.retry import Retry
-
+from batchtune import __version__
 from batchtune.core import promql, scrape
+from batchtune.core.addresses import Endpoint, UrlError, address_problem, endpoint, host_problem
 from batchtune.core.measurement import Window
 from batchtune.core.promql import QueryContext, Selector
 from batchtune.core.scrape import ScrapeInterval
@@ -37,6 +50,169 @@ _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
 
 class PrometheusUnavailable(Exception):
     """Prometheus could not answer; callers treat every value as unknown."""
+
+
+class PrometheusRefused(PrometheusUnavailable):
+    """The URL or an address its host resolves to is one the operator never dials: every value is unknown."""
+
+
+class AnswerTooLarge(PrometheusUnavailable):
+    """The answer held more than its byte cap; reading stopped there."""
+
+
+Resolver = Callable[[str, int], Sequence[str]]
+"""host, port -> the addresses (text) to check and dial; tests give fake DNS answers."""
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    return list(dict.fromkeys(str(info[4][0]) for info in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)))
+
+
+QUERY_BYTES_LIMIT = 2 * 1024 * 1024
+"""The most a query's answer may hold. Every query aggregates; the longest is a profile's request-count series
+(a 30-day lookback at a 1-minute step: 43200 points, about 1.1 MiB). Parsed, JSON takes about 8 times its
+size, so a worker holds at most ~19 MiB for a query (docs/security.md has the sum over workers)."""
+QUERY_DEADLINE_SECONDS = 10.0
+"""Total time one query may take, from connecting to the last byte."""
+TICK_BUDGET_SECONDS = 30.0
+"""Total time one reader (one BatchTuning's tick) may spend on Prometheus; the rest waits for the next tick."""
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """HTTPS to an address that was checked, verifying the certificate for the URL's host name."""
+
+    def __init__(self, address: str, port: int, server_name: str, timeout: float) -> None:
+        super().__init__(address, port, timeout=timeout, context=ssl.create_default_context())
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self._server_name)  # type: ignore[attr-defined]
+
+
+class _Transport:
+    """GETs to one Prometheus: checked address, no redirects, a byte cap, a deadline per query, a budget."""
+
+    def __init__(self, url: str, token: str | None, *, loopback_allowed: bool, resolver: Resolver,
+                 timeout_s: float, budget_s: float, gate: threading.Lock | None) -> None:
+        self.url, self.shown = url, sanitize(url)
+        self.token, self.loopback_allowed, self.resolver = token, loopback_allowed, resolver
+        self.timeout_s, self.budget_s, self.gate = timeout_s, budget_s, gate
+        self._where: Endpoint | None = None
+        self._address: str | None = None
+        self._budget_end: float | None = None
+
+    def _checked(self) -> tuple[Endpoint, str]:
+        """The endpoint and the one address to dial, checked once for this reader (no second lookup)."""
+        if self._where is not None and self._address is not None:
+            return self._where, self._address
+        try:
+            where = endpoint(self.url)
+        except UrlError as exc:
+            raise PrometheusRefused(f"{self.shown} {exc}") from None
+        problem = host_problem(where, loopback_allowed=self.loopback_allowed)
+        if problem:
+            raise PrometheusRefused(f"{self.shown} points at {problem}; the operator never queries it")
+        if where.address is not None:
+            found: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [where.address]
+        else:
+            try:
+                found = [ipaddress.ip_address(a) for a in self.resolver(where.host, where.port)]
+            except (OSError, UnicodeError, ValueError) as exc:
+                raise PrometheusUnavailable(f"{self.shown}: {where.host} did not resolve ({type(exc).__name__})") \
+                    from None
+            if not found:
+                raise PrometheusUnavailable(f"{self.shown}: {where.host} resolved to no address")
+        for address in found:
+            problem = address_problem(address, loopback_allowed=self.loopback_allowed)
+            if problem:
+                raise PrometheusRefused(f"{self.shown}: {where.host} resolves to {problem}; the operator never "
+                                        "queries it")
+        self._where, self._address = where, str(found[0])
+        return where, self._address
+
+    def get(self, path: str, params: Mapping[str, str] | None, limit: int) -> tuple[int, bytes]:
+        """(HTTP status, body) of one GET; `PrometheusUnavailable` when it cannot be had within the bounds."""
+        now = time.monotonic()
+        if self._budget_end is None:
+            self._budget_end = now + self.budget_s
+        deadline = min(now + self.timeout_s, self._budget_end)
+        if deadline <= now:
+            raise PrometheusUnavailable(f"{self.shown}: this tick's {self.budget_s:g}s for Prometheus are spent; "
+                                        "the next tick goes on")
+        if self.gate is not None and not self.gate.acquire(blocking=False):
+            raise PrometheusUnavailable(f"{self.shown}: another query of this BatchTuning is in flight")
+        try:
+            return self._get(path, params, limit, deadline)
+        finally:
+            if self.gate is not None:
+                self.gate.release()
+
+    def _headers(self, where: Endpoint) -> dict[str, str]:
+        headers = {"Host": where.authority, "Accept": "application/json", "Accept-Encoding": "identity",
+                   "User-Agent": f"batchtune/{__version__}", "Connection": "close"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def _read(self, response: http.client.HTTPResponse, limit: int, deadline: float) -> bytes:
+        """The body, one socket read at a time, up to `limit` bytes (no decompression: identity only)."""
+        body = bytearray()
+        while chunk := response.read1(64 * 1024):
+            body += chunk
+            if time.monotonic() >= deadline:
+                raise OSError("deadline")
+            if len(body) > limit:
+                raise AnswerTooLarge(f"{self.shown}: an answer over {limit} bytes; not read further")
+        return bytes(body)
+
+    def _get(self, path: str, params: Mapping[str, str] | None, limit: int, deadline: float) -> tuple[int, bytes]:
+        where, address = self._checked()
+        target = where.path.rstrip("/") + path + (f"?{urlencode(dict(params))}" if params else "")
+        remaining = deadline - time.monotonic()
+        response: http.client.HTTPResponse | None = None
+        conn: http.client.HTTPConnection = (
+            _PinnedHTTPS(address, where.port, where.host, remaining) if where.scheme == "https"
+            else http.client.HTTPConnection(address, where.port, timeout=remaining))
+        cut = threading.Event()
+        held: list[socket.socket] = []  # the connection hands its socket to the response; the watchdog keeps it
+
+        def cut_off() -> None:  # the deadline bounds the whole request, not each read
+            cut.set()
+            for sock in held:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(max(0.0, remaining), cut_off)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            held.append(conn.sock)
+            if cut.is_set():
+                raise OSError("cut")
+            conn.request("GET", target, headers=self._headers(where))
+            response = conn.getresponse()
+            if 300 <= response.status < 400:
+                raise PrometheusUnavailable(f"{self.shown}: HTTP {response.status}, a redirect; batchtune never "
+                                            "follows one (set spec.prometheus.url to where it points)")
+            body = self._read(response, limit, deadline)
+            if cut.is_set():
+                raise OSError("cut")
+            return response.status, body
+        except (OSError, http.client.HTTPException) as exc:
+            if cut.is_set() or time.monotonic() >= deadline:
+                raise PrometheusUnavailable(f"{self.shown}: no complete answer within {remaining:.3g}s (the query's "
+                                            "deadline)") from None
+            raise PrometheusUnavailable(f"{self.shown}: {type(exc).__name__}") from None
+        finally:
+            watchdog.cancel()
+            if response is not None:
+                response.close()
+            conn.close()
+            for sock in held:
+                sock.close()
 
 
 def sanitize(text: str, limit: int = 160) -> str:
@@ -56,48 +232,48 @@ class Production:
 class PrometheusReader:
     """Reads one BatchTuning's figures (its metric names, labels and percentile) from one Prometheus."""
 
-    @staticmethod
-    def connect(url: str, token: str | None = None) -> PrometheusConnect:
-        """A client with its own connection pool (reused across ticks by the caller)."""
-        headers = {"Authorization": f"Bearer {token}"} if token else None
-        # retry=None would mean the library's default: 3 sleeping retries inside a tick. The loop retries.
-        return PrometheusConnect(url=url, headers=headers, disable_ssl=False, retry=Retry(total=0))
-
-    def __init__(self, url: str, ctx: QueryContext, *, token: str | None = None, timeout_s: float = 10.0,
-                 connection: PrometheusConnect | None = None,
+    def __init__(self, url: str, ctx: QueryContext, *, token: str | None = None,
+                 timeout_s: float = QUERY_DEADLINE_SECONDS, budget_s: float = TICK_BUDGET_SECONDS,
+                 loopback_allowed: bool = False, resolver: Resolver = system_resolver,
+                 gate: threading.Lock | None = None, answer_bytes_limit: int = QUERY_BYTES_LIMIT,
                  on_query: Callable[[], None] | None = None, on_error: Callable[[], None] | None = None,
                  finished_reason_label: str | None = None, error_reasons: tuple[str, ...] = (),
                  http_errors: promql.HttpErrors | None = None) -> None:
+        """`loopback_allowed`: the install names this loopback host itself (`core.policy.UrlCheck`), or the
+        CLI's user asked for it. `gate`: the BatchTuning's own, shared by its readers."""
         self.url = url
         self.ctx = ctx
         self.timeout_s = timeout_s
+        self.answer_bytes_limit = answer_bytes_limit
         self.on_query = on_query
         self.on_error = on_error
         self.finished_reason_label = finished_reason_label
         self.error_reasons = error_reasons
         self.http_errors = http_errors
-        self._conn = connection or self.connect(url, token)
+        self._http = _Transport(url, token, loopback_allowed=loopback_allowed, resolver=resolver,
+                                timeout_s=timeout_s, budget_s=budget_s, gate=gate)
 
     # ---- the raw query ----------------------------------------------------------------------
 
     def _result(self, promql_text: str, at: float | None) -> list[dict[str, Any]]:
         # No sleeping retries here: the reconcile loop retries on its next tick with back-off.
-        params = {"time": f"{at:.3f}"} if at is not None else None
+        params = {"query": promql_text, **({"time": f"{at:.3f}"} if at is not None else {})}
         if self.on_query:
             self.on_query()
         try:
-            result = self._conn.custom_query(promql_text, params=params, timeout=self.timeout_s)
-        except PrometheusApiClientException as exc:
+            status, body = self._http.get("/api/v1/query", params, self.answer_bytes_limit)
+        except PrometheusUnavailable:
             self._failed()
-            code = re.search(r"HTTP Status Code (\d+)", str(exc))
-            status = code.group(1) if code else "error"
-            if status == "400":
-                log.error("Prometheus rejected a query batchtune built (a bug): %s", promql_text)
-                raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP 400, it rejected a query") from None
-            raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP {status}") from None
-        except requests.RequestException as exc:
+            raise
+        if status == 400:
             self._failed()
-            raise PrometheusUnavailable(f"{sanitize(self.url)}: {type(exc).__name__}") from None
+            log.error("Prometheus rejected a query batchtune built (a bug): %s", promql_text)
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP 400, it rejected a query")
+        if status != 200:
+            self._failed()
+            raise PrometheusUnavailable(f"{sanitize(self.url)}: HTTP {status}")
+        try:
+            result = json.loads(body)["data"]["result"]
         except (KeyError, TypeError, ValueError):
             self._failed()
             raise PrometheusUnavailable(f"{sanitize(self.url)}: an answer without data (error body or malformed JSON)") \
@@ -247,32 +423,27 @@ class PrometheusReader:
 
     # ---- what Prometheus says about its own scrapes ----------------------------------------
 
-    API_BYTES_LIMIT = 8 * 1024 * 1024
+    API_BYTES_LIMIT = 4 * 1024 * 1024
     """The most an answer of the targets or configuration endpoint may hold (thousands of targets fit)."""
 
     def _api(self, path: str, params: Mapping[str, str] | None = None) -> Any | None:
         """`data` of a Prometheus HTTP API endpoint; None when this Prometheus does not offer it (HTTP 4xx/5xx:
-        a Thanos or Mimir front may not), `PrometheusUnavailable` when it cannot be reached."""
+        a Thanos or Mimir front may not) or answers more than its cap, `PrometheusUnavailable` when it cannot be
+        reached."""
         if self.on_query:
             self.on_query()
-        conn = self._conn
-        session = conn._session  # noqa: SLF001  # the client's pool and TLS settings, shared with its queries
         try:
-            with session.get(f"{conn.url.rstrip('/')}{path}", params=dict(params or {}), headers=conn.headers,
-                             auth=getattr(conn, "auth", None), timeout=self.timeout_s, stream=True) as response:
-                if response.status_code != 200:
-                    return None
-                body = response.raw.read(self.API_BYTES_LIMIT + 1, decode_content=True)
-        except requests.RequestException as exc:
-            self._failed()
-            raise PrometheusUnavailable(f"{sanitize(self.url)}: {type(exc).__name__}") from None
-        if len(body) > self.API_BYTES_LIMIT:
+            status, body = self._http.get(path, params, self.API_BYTES_LIMIT)
+        except AnswerTooLarge:
             log.warning("Prometheus %s answered more than %d bytes on %s; not read", sanitize(self.url),
                         self.API_BYTES_LIMIT, path)
             return None
+        except PrometheusUnavailable:
+            self._failed()
+            raise
+        if status != 200:
+            return None
         try:
-            import json
-
             answer = json.loads(body)
         except ValueError:
             return None
@@ -327,4 +498,5 @@ def _value(sample: Mapping[str, Any]) -> float | None:
     return value if not math.isnan(value) else None
 
 
-__all__ = ["Production", "PrometheusReader", "PrometheusUnavailable", "Selector", "sanitize"]
+__all__ = ["Production", "PrometheusReader", "PrometheusRefused", "PrometheusUnavailable", "Resolver", "Selector",
+           "sanitize", "system_resolver"]

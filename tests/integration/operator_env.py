@@ -132,7 +132,9 @@ class Operator:
             extra = ["--leader-elect", "--leader-elect-namespace", self.namespace]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "batchtune", "operator", "-n", self.namespace, "--tick-seconds", "1",
-             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", metrics, *extra, *self.extra_args],
+             "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", metrics, *extra,
+             # The local cluster's Prometheus is on loopback, which an install allows only by naming it.
+             "--allowed-prometheus-url=http://127.0.0.1", *self.extra_args],
             env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.liveness = f"http://127.0.0.1:{port}/healthz"
 

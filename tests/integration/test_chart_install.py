@@ -59,7 +59,8 @@ def releases(helm, kubectl) -> Iterator[list[tuple[str, str]]]:
 
 def operator_env(cluster: lc.ClusterInfo) -> list[str]:
     # No prometheus.scrapeIntervalSeconds: the operator reads the interval from the cluster's Prometheus (2 s here).
-    return ["--set", "operator.tickSeconds=1"]
+    # Its Prometheus is on loopback, which the chart allows only where allowedUrls names it.
+    return ["--set", "operator.tickSeconds=1", "--set", f"prometheus.allowedUrls={{{cluster.prometheus_url}/}}"]
 
 
 def can_i(kube, verb: str, resource: str, namespace: str | None, sa: str) -> bool:

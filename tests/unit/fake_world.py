@@ -30,6 +30,8 @@ from batchtune.engines import ENGINES
 from batchtune.prometheus import Production, PrometheusUnavailable
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+LOCAL_PROMETHEUS = ("http://127.0.0.1:9090/",)
+"""The specs' Prometheus, on loopback: an install allows loopback only by naming it (core.policy)."""
 NS = "inference"
 
 # (maxNumSeqs, gpuMemoryUtilizationPercent, concurrency) -> p95 figures the engine would give.
@@ -185,7 +187,8 @@ class World:
 
     def ports(self, install: Install | None = None) -> Ports:
         return Ports(FakeCluster(self), FakeMetrics(self), FakeReports(self),
-                     install or Install(operator_image="batchtune:test", scrape_lag_seconds=0), ENGINES)
+                     install or Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS,
+                                        scrape_lag_seconds=0), ENGINES)
 
     def tuning(self) -> Tuning:
         return Tuning(self.name, NS, self.uid, self.generation, copy.deepcopy(self.bt_spec), copy.deepcopy(self.status))
@@ -502,7 +505,7 @@ class FakeMetrics:
     def __init__(self, world: World) -> None:
         self.w = world
 
-    def reader(self, url: str, token: str | None, ctx: Any, engine: Any) -> FakeReader:
+    def reader(self, url: Any, token: str | None, ctx: Any, engine: Any, owner: str) -> FakeReader:
         return FakeReader(self.w)
 
 

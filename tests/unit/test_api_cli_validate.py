@@ -104,3 +104,26 @@ def test_an_empty_mode_is_never_auto(tmp_path: Path, capsys: pytest.CaptureFixtu
     path.write_text(MINIMAL.read_text() + "  apply:\n    mode:\n")
     assert main(["validate", "-f", str(path)]) == 1
     assert capsys.readouterr().out.startswith(f"{path}: spec.apply.mode: is empty (null): the API server drops")
+
+
+@pytest.mark.parametrize("url, words", [
+    pytest.param("http://2852039166/", "169.254.169.254 is a link-local address", id="decimal-ipv4-metadata"),
+    pytest.param("http://[::ffff:a9fe:a9fe]/", "IPv6 form of 169.254.169.254", id="ipv4-mapped"),
+    pytest.param("http://[64:ff9b::a9fe:a9fe]/", "IPv6 form of 169.254.169.254", id="nat64"),
+    pytest.param("http://[fd00:0ec2::254]/", "cloud metadata address", id="aws-ipv6-metadata"),
+    pytest.param("http://metadata.google.internal./", "cloud metadata service", id="gce-name"),
+    pytest.param("http://%31%36%39.254.169.254/", "percent-encoding", id="percent-encoded-host"),
+    pytest.param("http://prom:9090/#/x", "fragment", id="fragment"),
+    pytest.param("http://127.0.0.1:9090", "loopback", id="loopback"),
+])
+def test_validate_refuses_a_prometheus_url_as_the_operator_does(url: str, words: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from batchtune.core.policy import prometheus_url_problem
+
+    path = tmp_path / "url.yaml"
+    path.write_text(MINIMAL.read_text().replace("http://prometheus-operated.monitoring.svc:9090", url))
+    assert main(["validate", "-f", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    operator_says = prometheus_url_problem(url, ())
+    assert operator_says is not None and words in operator_says
+    assert out == [f"{path}: {operator_says.replace('spec.prometheus.url ', 'spec.prometheus.url: ', 1)}"]

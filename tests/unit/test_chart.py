@@ -377,7 +377,8 @@ def test_a_secret_namespace_the_operator_does_not_watch_is_refused():
 # ---- the install's bounds on a BatchTuning ----------------------------------------------------
 
 @pytest.mark.parametrize("sets, present", [
-    pytest.param((), ["--max-gpu-minutes=2880"], id="defaults"),
+    pytest.param((), ["--max-gpu-minutes=2880", "--allowed-prometheus-url=http://prometheus-operated.monitoring.svc:9090/"],
+                 id="defaults"),
     pytest.param(("maxGpuMinutesPerTuning=10000000",), ["--max-gpu-minutes=10000000"], id="large-not-exponent"),
     pytest.param(("load.allowedImages={registry.example.com/lg:1,registry.example.com/lg@sha256:" + "b" * 64 + "}",),
                  ["--allowed-load-image=registry.example.com/lg:1",
@@ -394,8 +395,9 @@ def test_bounds_are_passed_as_operator_flags(sets, present):
         assert arg in args, args
     if not any(s.startswith("load.") for s in sets):
         assert not [a for a in args if a.startswith("--allowed-load-image")], args
-    if not any(s.startswith("prometheus.") for s in sets):
-        assert not [a for a in args if a.startswith("--allowed-prometheus-url")], args
+    if not any(s.startswith("prometheus.") for s in sets):  # the default names one URL, never "any"
+        assert [a for a in args if a.startswith("--allowed-prometheus-url")] == \
+            ["--allowed-prometheus-url=http://prometheus-operated.monitoring.svc:9090/"], args
 
 
 @pytest.mark.parametrize("sets, expected", [((), None), (("prometheus.scrapeIntervalSeconds=2",), "2")])

@@ -69,13 +69,16 @@ def broken_prometheus() -> Iterator[str]:
 
 def test_prometheus_queries_and_their_failures_are_counted(broken_prometheus):
     from batchtune.controller.handlers import PrometheusMetrics
+    from batchtune.core.policy import prometheus_url_check
     from batchtune.core.promql import LabelNames, MetricNames, QueryContext
     from batchtune.engines import VLLM
     from batchtune.prometheus import PrometheusUnavailable
 
     queries, errors = value("batchtune_prometheus_queries_total"), value("batchtune_prometheus_query_errors_total")
     ctx = QueryContext(MetricNames.build(VLLM.metrics), LabelNames(), LabelNames(model=None), 95)
-    reader = PrometheusMetrics().reader(broken_prometheus, None, ctx, VLLM)
+    # The reader takes what the policy allowed; the test's Prometheus is on loopback, so the install names it.
+    url = prometheus_url_check(broken_prometheus, [broken_prometheus])
+    reader = PrometheusMetrics().reader(url, None, ctx, VLLM, "uid-1")
     for _ in range(3):
         with pytest.raises(PrometheusUnavailable):
             reader.ping()

@@ -53,7 +53,7 @@ def prometheus() -> Iterator[str]:
 
 def reader(url: str) -> PrometheusReader:
     ctx = QueryContext(MetricNames.build(VLLM.metrics), LabelNames(), LabelNames(model=None), 95)
-    return PrometheusReader(url, ctx, timeout_s=5, finished_reason_label="finished_reason",
+    return PrometheusReader(url, ctx, timeout_s=5, loopback_allowed=True, finished_reason_label="finished_reason",
                             error_reasons=("abort", "error"), http_errors=http_errors(VLLM.metrics))
 
 
@@ -230,7 +230,7 @@ def test_production_workload_uses_the_configured_metric_names(prometheus):
                                                         "prefixCacheHits": "my:hits"}),
                        LabelNames(pod="kubernetes_pod_name"), LabelNames(model=None), 95)
     try:
-        obs = PrometheusReader(f"http://127.0.0.1:{server.server_address[1]}", ctx, timeout_s=5) \
+        obs = PrometheusReader(f"http://127.0.0.1:{server.server_address[1]}", ctx, timeout_s=5, loopback_allowed=True) \
             .production_workload(Production("ns", ("p",)), 7200, 120)
     finally:
         server.shutdown()

@@ -93,7 +93,7 @@ def prometheus() -> Iterator[str]:
 
 def reader(url: str) -> PrometheusReader:
     ctx = QueryContext(MetricNames.build(VLLM.metrics), LabelNames(), LabelNames(model=None), 95)
-    return PrometheusReader(url, ctx, timeout_s=5)
+    return PrometheusReader(url, ctx, timeout_s=5, loopback_allowed=True)
 
 
 def jobs_answer(*jobs: str) -> tuple[int, object]:

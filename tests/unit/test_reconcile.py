@@ -11,7 +11,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from fake_world import NS, World, knee_model, production_target, reset_backoff, spec, world
+from fake_world import LOCAL_PROMETHEUS, NS, World, knee_model, production_target, reset_backoff, spec, world
 
 from batchtune.controller.ports import Install
 from batchtune.core.production import AppliedMark, MarkState
@@ -281,7 +281,7 @@ def test_readiness_timeout_fails_the_trial_not_the_setting():
 
 def test_prometheus_down_past_the_deadline_fails_the_trial_and_frees_its_gpus():
     w = world(searchSpace={"maxNumSeqs": {"values": [16]}})
-    install = Install(operator_image="batchtune:test", scrape_lag_seconds=0, measurement_deadline_seconds=120)
+    install = Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0, measurement_deadline_seconds=120)
     w.run_until({"Trialing"}, install=install)
     while not any(j.get("status", {}).get("conditions") for j in w.jobs.values()):
         w.tick(install)  # up to the first load run's end: its figures are what Prometheus must give
@@ -628,7 +628,7 @@ def test_a_window_prometheus_cannot_resolve_is_refused_up_front():
     from batchtune.controller.ports import Install
 
     w = world(trial={"measureSeconds": 10})
-    assert w.run_until(TERMINAL, install=Install(operator_image="batchtune:test", scrape_interval_seconds=15)) == \
+    assert w.run_until(TERMINAL, install=Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_interval_seconds=15)) == \
         "Failed"
     assert w.condition("Failed")["reason"] == "MeasurementWindowTooShort"
     assert "spec.trial.measureSeconds" in w.condition("Failed")["message"] and w.created == []
@@ -642,7 +642,7 @@ def test_a_verify_window_prometheus_cannot_resolve_is_refused_before_any_trial(a
 
     w = world(trial={"measureSeconds": 60}, apply=apply)
     for _ in range(5):
-        w.tick(Install(operator_image="batchtune:test", scrape_interval_seconds=15))
+        w.tick(Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_interval_seconds=15))
     failed = w.condition("Failed")
     if refused:
         assert failed["reason"] == "MeasurementWindowTooShort" and w.created == []
@@ -667,7 +667,7 @@ def test_extra_args_limits_prune_what_vllm_would_refuse_on_the_trials_command_li
 
 # ---- bracketing: short search steps, the capacity measured for the full window ----------------
 
-FAST_SCRAPES = Install(operator_image="batchtune:test", scrape_lag_seconds=0, scrape_interval_seconds=2)
+FAST_SCRAPES = Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0, scrape_interval_seconds=2)
 
 
 def test_the_search_brackets_with_short_steps_and_measures_its_capacity_for_the_full_window():
@@ -705,7 +705,7 @@ def test_bracket_seconds_zero_turns_it_off_and_a_window_too_short_for_the_scrape
 
 # ---- the scrape interval, found out from Prometheus ------------------------------------------------
 
-DISCOVER = Install(operator_image="batchtune:test", scrape_lag_seconds=0)  # no override: ask Prometheus
+DISCOVER = Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0)  # no override: ask Prometheus
 
 
 def test_the_scrape_interval_prometheus_reports_sets_bracketing_and_is_recorded_once():

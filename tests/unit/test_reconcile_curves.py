@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from fake_world import World, reset_backoff, world
+from fake_world import LOCAL_PROMETHEUS, World, reset_backoff, world
 
 from batchtune.controller.ports import Install
 
@@ -151,7 +151,7 @@ def test_the_gpu_budget_running_out_during_the_curve_step_keeps_the_trial():
     else:
         raise AssertionError("the curve step never started")
     w.now += timedelta(minutes=5)
-    w.tick(Install(operator_image="batchtune:test", scrape_lag_seconds=0, max_gpu_minutes=1))
+    w.tick(Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0, max_gpu_minutes=1))
     trial = w.status["trials"][0]
     assert trial["state"] == "Done" and trial["verdict"] == "Met"
     assert "GpuBudgetExhausted" in curve_steps(trial)[0]["verdictReason"]

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import yaml
-from fake_world import NS, production_target, world
+from fake_world import LOCAL_PROMETHEUS, NS, production_target, world
 
 from batchtune.controller.ports import Install
 from batchtune_local.gitserver import GitServer
@@ -37,7 +37,7 @@ def server(tmp_path):
 
 
 def install(server: GitServer, **kw) -> Install:
-    return Install(operator_image="batchtune:test", scrape_lag_seconds=0, git_urls=(server.base_url,), **kw)
+    return Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0, git_urls=(server.base_url,), **kw)
 
 
 def git_world(server: GitServer, layout: str = "Manifest", path: str = "apps/llm/deployment.yaml", **apply):
@@ -135,7 +135,7 @@ def test_kustomize_layout_writes_the_patch_file_and_one_entry(server):
 
 def test_git_urls_and_secrets_follow_the_install(server):
     w = git_world(server)
-    assert w.run_until(TERMINAL, install=Install(operator_image="batchtune:test", scrape_lag_seconds=0)) == "Failed"
+    assert w.run_until(TERMINAL, install=Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0)) == "Failed"
     assert "allows no Git repository" in w.condition("Failed")["message"]
     w = git_world(server)
     w.secrets["git"]["labels"] = {"batchtune.io/prometheus-token": "true"}  # opted in for the wrong use

@@ -36,6 +36,9 @@ Checked beyond the CRD:
   - spec.searchSpace.extraArgs as the operator's engine check reads them: only allowed flags, spelled
     in full, each value of its type (a switch takes none: --enforce-eager=false is refused; numbers
     are whole numbers in range), no control characters, no $(VAR), no tuned knob.
+  - spec.prometheus.url by the operator's address rules (any spelling of a loopback, link-local,
+    multicast or cloud-metadata host, percent-encoding, credentials, a query or fragment); what a
+    name resolves to is the operator's to check.
   - a search space vLLM would refuse entirely (e.g. every maxNumBatchedTokens below every
     maxNumSeqs candidate, or below --max-model-len with --no-enable-chunked-prefill in extraArgs):
     the operator would fail it at planning with EmptySearchSpace. A partly refused one is valid,

@@ -118,7 +118,8 @@ def capture(kube: Any, namespace: str, args: argparse.Namespace) -> Any:
         token = read_text(args.token_file, 64 * 1024).strip()  # InputFileError (a ValueError) naming the file
     ctx = QueryContext(MetricNames.build(engine.metrics, overrides(args.metric_name)),
                        LabelNames(args.pod_label, args.namespace_label, None), LabelNames(model=None))
-    reader = PrometheusReader(args.prometheus, ctx, token=token)
+    # The CLI's user picks their own Prometheus, often a port-forward to localhost; metadata stays refused.
+    reader = PrometheusReader(args.prometheus, ctx, token=token, loopback_allowed=True)
     window = min(rate_window_seconds(args.scrape_interval), args.lookback)
     observation = reader.production_workload(Production(namespace, pods), args.lookback, window)
     if observation is None:

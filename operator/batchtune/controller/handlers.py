@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,7 @@ from batchtune.core.manifests import (
     MANAGED_BY,
     label_value,
 )
+from batchtune.core.policy import UrlCheck
 from batchtune.core.vocabulary import Phase, TrialState
 from batchtune.engines import ENGINES
 from batchtune.prometheus import PrometheusReader
@@ -53,18 +55,23 @@ def install_from_env() -> Install:
 
 
 class PrometheusMetrics:
-    """`ports.Metrics`: a reader per BatchTuning and tick over one connection pool per Prometheus and token."""
+    """`ports.Metrics`: a reader per BatchTuning and tick; each BatchTuning's readers share one gate, so its
+    queries hold at most one worker at a time (a second one fails at once, the tick retries later)."""
 
     def __init__(self) -> None:
-        self._connections: dict[tuple[str, str | None], Any] = {}
+        self._gates: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
 
-    def reader(self, url: str, token: str | None, ctx: Any, engine: Any) -> PrometheusReader:
-        connection = self._connections.get((url, token))
-        if connection is None:
-            if len(self._connections) > 256:
-                self._connections.clear()  # bounded: URLs and tokens come from specs
-            connection = self._connections[(url, token)] = PrometheusReader.connect(url, token)
-        return PrometheusReader(url, ctx, connection=connection, on_query=telemetry.PROMETHEUS_QUERIES.inc,
+    def gate(self, owner: str) -> threading.Lock:
+        with self._lock:
+            if len(self._gates) > 4096:  # bounded: owners are BatchTuning uids; drop the idle ones
+                self._gates = {k: g for k, g in self._gates.items() if g.locked()}
+            return self._gates.setdefault(owner, threading.Lock())
+
+    def reader(self, url: UrlCheck, token: str | None, ctx: Any, engine: Any, owner: str) -> PrometheusReader:
+        assert url.endpoint is not None
+        return PrometheusReader(url.endpoint.url, ctx, token=token, loopback_allowed=url.loopback_allowed,
+                                gate=self.gate(owner), on_query=telemetry.PROMETHEUS_QUERIES.inc,
                                 on_error=telemetry.PROMETHEUS_ERRORS.inc,
                                 finished_reason_label=engine.metrics.finished_reason_label,
                                 error_reasons=engine.metrics.error_finish_reasons,

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from batchtune.core.install import Install as Install  # the install's bounds live in the core (validate reads them too)
 from batchtune.core.measurement import Window
+from batchtune.core.policy import UrlCheck
 from batchtune.core.promql import QueryContext
 from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.workload import WorkloadObservation
@@ -115,7 +116,8 @@ class MetricsReader(Protocol):
 
 
 class Metrics(Protocol):
-    def reader(self, url: str, token: str | None, ctx: QueryContext, engine: Engine) -> MetricsReader: ...
+    def reader(self, url: UrlCheck, token: str | None, ctx: QueryContext, engine: Engine, owner: str) -> MetricsReader:
+        """A reader for one tick of the BatchTuning `owner` (its uid) at the URL the policy allowed."""
 
 
 class Reports(Protocol):

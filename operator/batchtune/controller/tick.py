@@ -24,7 +24,7 @@ from batchtune.core import ownership, scrape
 from batchtune.core.gitops import Mode, ModeDecision, detect, resolve_mode
 from batchtune.core.gpus import TrialDevices, trial_devices
 from batchtune.core.manifests import LABEL_TUNING
-from batchtune.core.policy import prometheus_url_problem
+from batchtune.core.policy import prometheus_url_check
 from batchtune.core.promql import QueryContext, rate_window_seconds
 from batchtune.core.recommend import ContainerArgs, production_args, unmeasured
 from batchtune.core.scrape import ScrapeInterval
@@ -372,16 +372,16 @@ class Tick:
         """The BatchTuning's Prometheus reader; `NotAllowed` when the install forbids its URL or Secret."""
         if self._reader is None:
             prom = self.spec.prometheus
-            problem = prometheus_url_problem(prom.url, self.ports.install.prometheus_urls)
-            if problem:
-                raise NotAllowed(problem)
+            checked = prometheus_url_check(prom.url, self.ports.install.prometheus_urls)
+            if checked.problem:
+                raise NotAllowed(checked.problem)
             token = None
             if prom.auth_secret_ref is not None:
                 token = self.ports.cluster.secret_value(self.tuning.namespace, prom.auth_secret_ref.name,
                                                         prom.auth_secret_ref.key)
             ctx = QueryContext(prom.metric_names.core(engine.metrics), prom.labels.core(), prom.gpu_labels.core(),
                                self.view.slo.percentile)
-            self._reader = self.ports.metrics.reader(prom.url, token, ctx, engine)
+            self._reader = self.ports.metrics.reader(checked, token, ctx, engine, self.tuning.uid)
         return self._reader
 
     def backing_off(self) -> bool:

@@ -21,7 +21,8 @@ class Install:
     load_images: tuple[str, ...] = ()
     """Images `spec.load.image` may name, besides the operator's own."""
     prometheus_urls: tuple[str, ...] = ()
-    """URL prefixes `spec.prometheus.url` may start with; empty: any http(s) URL that is not link-local."""
+    """URL prefixes `spec.prometheus.url` must be under (canonical scheme, host, port, path: `core.policy`); empty:
+    any http(s) URL the address rules allow. A prefix naming a loopback host itself is the only way to loopback."""
     max_gpu_minutes: int = 2880
     """Ceiling on a BatchTuning's GPU-minutes (`spec.strategy.maxGpuMinutes` may only lower it)."""
     secret_label: str = "batchtune.io/prometheus-token"

@@ -2,30 +2,73 @@
 
 The author of a BatchTuning is less trusted than the operator. A spec can name only the load images
 the install lists (the operator's own image by default), only Prometheus URLs under the install's
-prefixes (never link-local or cloud-metadata addresses, never control characters), and at most the
-install's GPU-minute ceiling. Each check returns why a value is refused, naming the field, or None.
+prefixes (never loopback unless a prefix names it, link-local, multicast or cloud-metadata addresses in
+any spelling: `core.addresses`), and at most the install's GPU-minute ceiling. Prefixes are matched on
+the canonical URL (scheme, host, port, path), never as text. Each check returns why a value is refused,
+naming the field, or None.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
-# Cloud metadata services answer on these names and addresses; no BatchTuning may point Prometheus there.
-_METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "metadata.azure.com", "instance-data",
-                             "instance-data.ec2.internal", "100.100.100.200", "fd00:ec2::254"})
+from batchtune.core.addresses import Endpoint, UrlError, endpoint, host_problem, is_loopback_host
 
 
 def _shown(value: str, limit: int = 120) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "...")
 
 
+@dataclass(frozen=True)
+class UrlCheck:
+    """What the URL rules say of one URL: why it is refused, or where it goes and whether loopback may answer."""
+
+    problem: str | None
+    endpoint: Endpoint | None = None
+    loopback_allowed: bool = False
+    """An allowed prefix names a loopback host itself (`http://127.0.0.1:9090/`): only then may loopback answer."""
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """An install's allowed-URL prefix, canonical: scheme, and unless the prefix is `http://` alone, host, port
+    (any when the prefix is a bare `scheme://host`) and path."""
+
+    scheme: str
+    where: Endpoint | None
+    any_port: bool
+
+    @staticmethod
+    def parse(text: str) -> _Prefix | None:
+        scheme, sep, rest = text.partition("://")
+        if sep and not rest and scheme.lower() in ("http", "https"):
+            return _Prefix(scheme.lower(), None, True)
+        try:
+            where = endpoint(text)
+        except UrlError:
+            return None  # a prefix no URL can be under
+        return _Prefix(where.scheme, where, not where.port_given and "/" not in rest)
+
+    def holds(self, url: Endpoint) -> bool:
+        if url.scheme != self.scheme:
+            return False
+        if self.where is None:
+            return True
+        return url.host == self.where.host and (self.any_port or url.port == self.where.port) and \
+            url.path.startswith(self.where.path)
+
+
+def prometheus_url_check(url: str, allowed_prefixes: Sequence[str]) -> UrlCheck:
+    """The URL rules for `spec.prometheus.url` (no prefixes: the install-independent rules alone)."""
+    return _url_check(url, allowed_prefixes, "spec.prometheus.url", "Prometheus URL", "prometheus.allowedUrls",
+                      "spec.prometheus.authSecretRef")
+
+
 def prometheus_url_problem(url: str, allowed_prefixes: Sequence[str]) -> str | None:
     """Why `spec.prometheus.url` may not be queried, or None."""
-    return _url_problem(url, allowed_prefixes, "spec.prometheus.url", "Prometheus URL", "prometheus.allowedUrls",
-                        "spec.prometheus.authSecretRef")
+    return prometheus_url_check(url, allowed_prefixes).problem
 
 
 def git_url_problem(url: str, allowed_prefixes: Sequence[str], field: str = "spec.apply.git.url") -> str | None:
@@ -33,35 +76,27 @@ def git_url_problem(url: str, allowed_prefixes: Sequence[str], field: str = "spe
     if not allowed_prefixes:
         return (f"{field} {_shown(url)}: this install allows no Git repository (Helm value git.allowedUrls); "
                 "use spec.apply.mode Recommend")
-    return _url_problem(url, allowed_prefixes, field, "Git URL", "git.allowedUrls", "spec.apply.git.credentialsSecretRef")
+    return _url_check(url, allowed_prefixes, field, "Git URL", "git.allowedUrls",
+                      "spec.apply.git.credentialsSecretRef").problem
 
 
-def _url_problem(url: str, allowed_prefixes: Sequence[str], field: str, what: str, helm_value: str,
-                 secret_field: str) -> str | None:
-    if any(ord(c) < 33 or ord(c) == 127 for c in url):
-        return f"{field} {_shown(url)} contains whitespace or control characters"
+def _url_check(url: str, allowed_prefixes: Sequence[str], field: str, what: str, helm_value: str,
+               secret_field: str) -> UrlCheck:
     try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        parts.port  # noqa: B018  # raises on a port that is not a number
-    except ValueError as exc:
-        return f"{field} {_shown(url)} is not a URL: {exc}"
-    if parts.scheme not in ("http", "https") or not host:
-        return f"{field} {_shown(url)} must be an http:// or https:// URL with a host"
-    if parts.username or parts.password:
-        return f"{field} {_shown(url)} must not carry credentials (use {secret_field})"
-    if host.lower().rstrip(".") in _METADATA_HOSTS:
-        return f"{field} {_shown(url)} points at a cloud metadata service"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    if address is not None and (address.is_link_local or address.is_multicast or address.is_unspecified):
-        return f"{field} {_shown(url)} points at a link-local, multicast or unspecified address"
-    if allowed_prefixes and not any(url.startswith(prefix) for prefix in allowed_prefixes):
-        return (f"{field} {_shown(url)} is not under a {what} this install allows "
-                f"({', '.join(allowed_prefixes)}; Helm value {helm_value})")
-    return None
+        where = endpoint(url)
+    except UrlError as exc:
+        hint = f" (use {secret_field})" if str(exc) == "must not carry credentials" else ""
+        return UrlCheck(f"{field} {_shown(url)} {exc}{hint}")
+    # Loopback answers only where the install names a loopback host itself (the local cluster, the tests).
+    under = [p for p in (_Prefix.parse(text) for text in allowed_prefixes) if p is not None and p.holds(where)]
+    loopback = any(p.where is not None and is_loopback_host(p.where) for p in under)
+    problem = host_problem(where, loopback_allowed=loopback)
+    if problem:
+        return UrlCheck(f"{field} {_shown(url)} points at {problem}; the operator never queries it")
+    if allowed_prefixes and not under:
+        return UrlCheck(f"{field} {_shown(url)} is not under a {what} this install allows "
+                        f"({', '.join(allowed_prefixes)}; Helm value {helm_value})")
+    return UrlCheck(None, where, loopback)
 
 
 # An image reference as the container runtime reads it (distribution/reference's grammar, IPv6 hosts aside):
