@@ -15,7 +15,7 @@ from batchtune import __version__
 from batchtune.admission import install_flag_problems, numerics_unconfirmed, review, url_problems
 from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.cli import main
-from batchtune.core.install import Install, InvalidValues, install_from_values
+from batchtune.core.install import DEFAULT_PROMETHEUS_URLS, Install, InvalidValues, install_from_values
 from batchtune.engines import VLLM
 from batchtune.engines.vllm import EXTRA_FLAG_VALUES, NUMERICS_FLAGS, SAFE_EXTRA_FLAGS
 
@@ -192,7 +192,8 @@ def test_keys_kubernetes_allows_pass(key):
 
 def test_the_chart_s_own_values_are_the_default_install():
     values = yaml.safe_load((REPO / "charts" / "batchtune" / "values.yaml").read_text())
-    assert install_from_values(values, __version__) == DEFAULT == Install(f"batchtune:{__version__}")
+    assert install_from_values(values, __version__) == DEFAULT == Install(f"batchtune:{__version__}",
+                                                                          prometheus_urls=DEFAULT_PROMETHEUS_URLS)
 
 
 def test_values_are_read_as_the_chart_reads_them():
@@ -225,7 +226,8 @@ def test_a_values_file_the_chart_would_refuse_is_named(values, words):
 
 def test_urls_are_bounded_by_the_install():
     spec = spec_with(prometheus__url="http://other:9090/")
-    assert url_problems(spec, DEFAULT) == []
+    assert url_problems(spec, Install("op:1")) == []  # no prefix listed: the address rules alone
+    assert url_problems(spec, DEFAULT)  # the chart's default names one in-cluster Prometheus
     (problem,) = url_problems(spec, Install("op:1", prometheus_urls=("http://prom:9090/",)))
     assert problem.startswith("spec.prometheus.url 'http://other:9090/' is not under a Prometheus URL this install")
 

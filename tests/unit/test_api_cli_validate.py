@@ -14,13 +14,24 @@ FULL = REPO / "manifests" / "samples" / "batchtuning-full.yaml"
 INVALID = REPO / "tests" / "data" / "invalid"
 
 
-def test_valid_files_print_valid_per_object_and_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "-f", str(MINIMAL), "-f", str(FULL)]) == 0
+def test_valid_files_print_valid_per_object_and_exit_zero(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The full sample's Prometheus (TLS, a token) is one the chart's default install does not name: an install that does.
+    values = tmp_path / "values.yaml"
+    values.write_text("prometheus:\n  allowedUrls:\n    - http://prometheus-operated.monitoring.svc:9090/\n"
+                      "    - https://prometheus.monitoring.svc:9091/\n")
+    assert main(["validate", "-f", str(MINIMAL), "-f", str(FULL), "--values", str(values)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"{MINIMAL}: llama-8b: valid",
         f"{FULL}: inference/llama-70b: valid (note: spec.load.image 'vllm/vllm-openai:v0.10.1' must be the target's "
         "own image (VllmBench) or one of load.allowedImages; the target's image is checked on the cluster)",
     ]
+
+
+def test_without_values_the_chart_s_default_install_bounds_the_prometheus_url(capsys: pytest.CaptureFixture[str]):
+    assert main(["validate", "-f", str(FULL)]) == 1
+    out = capsys.readouterr().out
+    assert "spec.prometheus.url: 'https://prometheus.monitoring.svc:9091' is not under a Prometheus URL this install " \
+           "allows (http://prometheus-operated.monitoring.svc:9090/; Helm value prometheus.allowedUrls)" in out
 
 
 @pytest.mark.parametrize("name, line", [

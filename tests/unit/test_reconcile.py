@@ -154,7 +154,7 @@ def test_a_flag_outside_the_default_list_is_refused_unless_the_install_allows_it
     assert w.run_until(TERMINAL) == "Failed"
     failed = w.condition("Failed")
     assert failed["reason"] == "InvalidSpec" and f"spec.searchSpace.extraArgs[0] '{arg.partition('=')[0]}'" in failed["message"]
-    allowing = Install(operator_image="batchtune:test", scrape_lag_seconds=0,
+    allowing = Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=0,
                        extra_flags=(arg.partition("=")[0].removeprefix("--"),))
     w = world(**overrides)
     assert w.run_until(TERMINAL, install=allowing) == "Recommended"

@@ -71,6 +71,10 @@ class InvalidValues(ValueError):
     """A Helm values file the chart would not install with; the message names the key and the value."""
 
 
+DEFAULT_PROMETHEUS_URLS = ("http://prometheus-operated.monitoring.svc:9090/",)
+"""The chart's default prometheus.allowedUrls (values.yaml says why): one in-cluster Prometheus, never every URL."""
+
+
 def install_from_values(values: Any, version: str) -> Install:
     """The Install the chart's deployment template makes of these values (unset keys: the chart's defaults).
 
@@ -96,7 +100,7 @@ def install_from_values(values: Any, version: str) -> Install:
     return Install(
         operator_image=_text(operator, "operator.loadGeneratorImage", "") or operator_image,
         load_images=_strings(_section(values, "load"), "load.allowedImages"),
-        prometheus_urls=_strings(prometheus, "prometheus.allowedUrls"),
+        prometheus_urls=_strings(prometheus, "prometheus.allowedUrls", DEFAULT_PROMETHEUS_URLS),
         max_gpu_minutes=budget,
         git_urls=_strings(git, "git.allowedUrls"),
         argocd_instance_labels=_strings(git, "git.argocdInstanceLabels") or DEFAULT_ARGOCD_INSTANCE_LABELS,
@@ -124,10 +128,10 @@ def _text(section: Mapping[str, Any], key: str, default: str) -> str:
     return value
 
 
-def _strings(section: Mapping[str, Any], key: str) -> tuple[str, ...]:
+def _strings(section: Mapping[str, Any], key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
     value = section.get(key.rpartition(".")[2])
     if value is None:
-        return ()
+        return default
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise InvalidValues(f"{key} must be a list of non-empty strings (got {value!r:.80})")
     return tuple(value)
