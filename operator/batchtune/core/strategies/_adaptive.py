@@ -2,8 +2,10 @@
 
 Latency grows with max-num-seqs, so within a column the SLO verdict is Met up to a boundary and
 Violated past it: bisection finds the largest SLO-meeting setting in about log2(n) trials.
-The exception is a batch too small for its load: when only TTFT fails while requests wait in the
-queue, the violation is a lower bound (more seqs admit the waiting requests), and bisection goes up.
+The exception is a batch too small for its load: when only the latencies that include the queue fail (TTFT,
+E2E) while requests wait and the KV cache is not what holds them back, the violation is a lower bound (more seqs
+admit the waiting requests), and bisection goes up; an E2E-only SLO misses this way at a small batch under a high
+concurrency.
 What the history proves is skipped:
 - larger max-num-seqs than one that violated the SLO (dominated);
 - settings that need at least the memory of one that failed with a memory error: more seqs, at the
@@ -25,7 +27,7 @@ from batchtune.core.objective import objective_value
 from batchtune.core.outcomes import MEMORY_REASONS, History, HistoryEntry, TrialOutcome, TrialState, Verdict
 from batchtune.core.planning import PrunedSetting
 from batchtune.core.settings import Setting
-from batchtune.core.slo import METRIC_TTFT_MS, SloTargets
+from batchtune.core.slo import METRIC_E2E_MS, METRIC_TTFT_MS, SloTargets
 from batchtune.core.strategies._base import Strategy
 from batchtune.core.vocabulary import M, Reason
 
@@ -44,7 +46,7 @@ Column = tuple[int, int | None]
 class _Kind(Enum):
     MET = "met"
     VIOLATED = "violated"  # SLO violated, or too big for memory: an upper bound on max-num-seqs
-    TOO_SMALL = "too_small"  # only TTFT failed while requests waited: a lower bound on max-num-seqs
+    TOO_SMALL = "too_small"  # only queue latencies failed while requests waited: a lower bound on max-num-seqs
     NOINFO = "noinfo"  # unknown verdict or an unrelated failure: says nothing about the boundary
 
 
@@ -53,30 +55,41 @@ def _peak(outcome: TrialOutcome, names: tuple[str, ...]) -> float | None:
     return max(values) if values else None
 
 
-def queued_ttft_only(outcome: TrialOutcome, slo: SloTargets) -> bool:
-    """Whether a violation is TTFT alone with requests waiting: the batch is too small for the load.
+QUEUE_SENSITIVE_TARGETS = frozenset({METRIC_TTFT_MS, METRIC_E2E_MS})
+"""Latency targets a request's wait in the queue adds to; ITL is per generated token and excludes it."""
 
-    Every other latency target must be measured and within its limit, so a batch that is also too
-    slow per token (ITL) stays an upper bound."""
+
+def queued_miss(outcome: TrialOutcome, slo: SloTargets) -> bool:
+    """Whether a violation is the queue's: the batch is too small for the load, a lower bound on max-num-seqs.
+
+    Requests waited, every failing target is one the queue adds to (TTFT, E2E), and every other latency target is
+    measured and within its limit (a batch also too slow per token, ITL, stays an upper bound). The wait must be
+    the batch's, not the KV cache's: with preemptions or the KV cache nearly full, more seqs admit nothing."""
     targets = slo.latency_targets()
     waiting = outcome.metric(WAITING_METRIC)
-    if METRIC_TTFT_MS not in targets or waiting is None or waiting <= 0:
+    if not QUEUE_SENSITIVE_TARGETS & targets.keys() or waiting is None or not waiting > 0:
         return False
+    preemptions = _peak(outcome, PREEMPTION_METRICS)
+    usage = _peak(outcome, KV_USAGE_METRICS)
+    if (preemptions is not None and preemptions > 0) or (usage is not None and usage >= KV_BOUND_USAGE_PERCENT):
+        return False
+    over = []
     for metric, target in targets.items():
         value = outcome.metric(metric)
         if value is None:
             return False
-        over = value > slo.limit(target)
-        if over != (metric == METRIC_TTFT_MS):
-            return False
-    return True
+        if value > slo.limit(target):
+            if metric not in QUEUE_SENSITIVE_TARGETS:
+                return False
+            over.append(metric)
+    return bool(over)
 
 
 def _classify(outcome: TrialOutcome, slo: SloTargets) -> _Kind:
     if outcome.met:
         return _Kind.MET
     if outcome.state is TrialState.DONE and outcome.verdict is Verdict.VIOLATED:
-        return _Kind.TOO_SMALL if queued_ttft_only(outcome, slo) else _Kind.VIOLATED
+        return _Kind.TOO_SMALL if queued_miss(outcome, slo) else _Kind.VIOLATED
     if outcome.state is TrialState.INFEASIBLE and (
         outcome.reason in MEMORY_REASONS or outcome.reason == Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH
     ):
@@ -130,7 +143,7 @@ class _ColumnState:
 
     @property
     def floor(self) -> int:
-        """The largest index known to be too small (TTFT queueing), or -1."""
+        """The largest index known to be too small (requests queued), or -1."""
         return max((i for i, k in self.kinds.items() if k is _Kind.TOO_SMALL), default=-1)
 
     @property
@@ -362,6 +375,6 @@ class Adaptive(Strategy):
                 elif i < state.floor:
                     out.append(PrunedSetting(
                         setting, Reason.DOMINATED, f"dominated: {state.settings[state.floor].label()} was too small "
-                        "for the load (TTFT failed with requests waiting)"
+                        "for the load (it missed the SLO with requests waiting)"
                     ))
         return out
