@@ -11,6 +11,8 @@ What the history proves is skipped:
 - settings that need at least the memory of one that failed with a memory error: more seqs, at the
   same or LOWER gmu and same or larger mbt (lower gmu leaves less memory, so it fails too);
 - every gmu at or above one where vLLM found less free memory than the gmu asks for;
+- every setting a failed full token-budget burst rules out (`core.burst`): its column, and those at a higher gmu with
+  the same or larger token budget;
 - a higher gmu column when the lower one was not KV-bound at its boundary (no preemptions, KV
   usage under 90%, judged on the peak over every load step of the trial, not only the passing step
   the trial's metrics come from): more KV cache would not change its latency.
@@ -22,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from batchtune.core.burst import burst_excluded
 from batchtune.core.knee import curve_point, find_knee
 from batchtune.core.objective import objective_value
 from batchtune.core.outcomes import MEMORY_REASONS, History, HistoryEntry, TrialOutcome, TrialState, Verdict
@@ -105,6 +108,9 @@ def _mbt_at_least(candidate: int | None, failed: int | None) -> bool:
 
 def blocked_reason(setting: Setting, history: list[HistoryEntry]) -> str | None:
     """Why memory failures in the history rule this setting out, or None."""
+    burst = burst_excluded(setting, history)
+    if burst:
+        return burst
     for failed, outcome in history:
         if outcome.state is not TrialState.INFEASIBLE or failed == setting:
             continue
@@ -234,12 +240,16 @@ class Adaptive(Strategy):
             states.append(state)
         return states
 
-    def _gate(self, states: list[_ColumnState]) -> dict[Column, str | None]:
+    def _gate(self, states: list[_ColumnState], history: list[HistoryEntry]) -> dict[Column, str | None]:
         """Column -> None (open), "wait" (lower gmu still running) or the reason it is dominated."""
         gates: dict[Column, str | None] = {}
         by_key = {s.key: s for s in states}
         for state in states:
             gmu, mbt = state.key
+            burst = burst_excluded(state.settings[0], history) if state.settings else None
+            if burst:  # the burst fills the budget whatever the batch size: the whole column fails it
+                gates[state.key] = f"dominated: {burst}"
+                continue
             lower = [k for k in by_key if k[1] == mbt and k[0] < gmu]
             if not lower:
                 gates[state.key] = None
@@ -336,7 +346,7 @@ class Adaptive(Strategy):
 
     def _next(self, history: list[HistoryEntry], pending: frozenset[Setting]) -> Setting | None:
         states = self._columns(history, pending)
-        gates = self._gate(states)
+        gates = self._gate(states, history)
         for state in states:
             if gates[state.key] is None:
                 probe = self._probe(state, states)
@@ -346,7 +356,7 @@ class Adaptive(Strategy):
             not s.converged for s in states if gates[s.key] is None
         ):
             return None  # a column is still bracketing; its pending trials decide what comes next
-        best = self._best_column(states)
+        best = self._best_column([s for s in states if gates[s.key] is None])
         if best is not None:
             probe = self._knee_probe(best)
             if probe is not None:
@@ -356,7 +366,7 @@ class Adaptive(Strategy):
     def skipped(self, history: History | None = None) -> list[PrunedSetting]:
         entries = list(self._told if history is None else history)
         states = self._columns(entries, frozenset())
-        gates = self._gate(states)
+        gates = self._gate(states, entries)
         out: list[PrunedSetting] = []
         for state in states:
             gate = gates[state.key]
