@@ -96,3 +96,40 @@ def test_prefilter_prunes_enter_the_history_as_memory_failures() -> None:
     assert all(o.state.value == "Infeasible" for o in learned.values())
     assert next(o for s, o in learned.items() if s.max_num_seqs == 64 and s.gpu_memory_utilization_percent == 90).reason \
         == Reason.KV_CACHE_TOO_SMALL
+
+
+@dataclass(frozen=True)
+class BurstOnlyOomTruth:
+    """The synthetic truth, except that gmu >= 94 runs out of memory on a step of the full token budget, which only
+    a burst (prompts sent at once, a prompt-counted run) reaches: a trial's timed runs keep their prefills spread."""
+
+    base: object = field(default_factory=lambda: __import__("batchtune.bench.synthetic", fromlist=["x"])
+                         .SyntheticTruth(memory_gib=24.0, oom_gmu_pct=101))
+
+    def startup(self, scenario, knobs):
+        return self.base.startup(scenario, knobs)
+
+    def measure(self, scenario, knobs, load, *, duration_s, seed, noise, prompts=None, warmup_s=None):
+        budget = knobs.max_num_batched_tokens or 8192
+        if knobs.gpu_memory_utilization_pct >= 94 and prompts is not None and prompts * scenario.input_len >= budget:
+            return Reading(load, failure="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.base.measure(scenario, knobs, load, duration_s=duration_s, seed=seed, noise=noise,
+                                 prompts=prompts, warmup_s=warmup_s)
+
+
+def test_a_setting_whose_full_budget_burst_crashes_is_never_chosen() -> None:
+    # Issue 21: the KV cache binds (long prompts on 24 GiB), so the best capacity is at the highest gmu; at gmu >= 94
+    # every trial's load holds, but the first burst of long prompts kills the server. The prefilter cannot say.
+    from batchtune.bench.scenarios import KnobGrid
+    from batchtune.bench.strategies.ours import CoreStrategy
+    from batchtune.bench.testbed import SimTestbed
+
+    scenario = Scenario(name="burst-oom", summary="fits at light load, crashes under a full burst",
+                        model="meta-llama/Llama-3.1-8B-Instruct", gpu="L4", input_len=2000, output_len=256,
+                        max_model_len=8192, slo=Slo({"p95_ttft_ms": 20000.0, "p95_itl_ms": 200.0}),
+                        load_kind="concurrency", tuner_space=KnobGrid((4, 8, 16, 32), (85, 90, 94, 98), (8192,)))
+    testbed = SimTestbed(scenario, BurstOnlyOomTruth(), seed=0, noise=0.0)
+    choice = CoreStrategy("Adaptive").tune(testbed, scenario, seed=0)
+    assert choice.knobs is not None, choice.note
+    assert choice.knobs.gpu_memory_utilization_pct < 94, choice
+    assert testbed.ledger.runtime_failures >= 1  # a burst at gmu >= 94 was tried and failed

@@ -218,12 +218,62 @@ def test_adaptive_reads_queued_ttft_violation_as_too_small():
     pytest.param({"ttftMs": 5000.0, "itlMs": 80.0, "waitingRequests": 30.0}, False, id="itl-fails-too"),
     pytest.param({"ttftMs": 5000.0, "waitingRequests": 30.0}, False, id="itl-unmeasured"),
     pytest.param({"ttftMs": 100.0, "itlMs": 80.0, "waitingRequests": 30.0}, False, id="itl-only"),
+    pytest.param({"ttftMs": 5000.0, "itlMs": 10.0, "waitingRequests": 30.0, "preemptionsPerSecond": 2.0}, False,
+                 id="kv-preempts"),
+    pytest.param({"ttftMs": 5000.0, "itlMs": 10.0, "waitingRequests": 30.0, "kvCacheUsagePeakPercent": 97.0}, False,
+                 id="kv-full"),
 ])
-def test_queued_ttft_only(metrics, too_small):
-    from batchtune.core.strategies._adaptive import queued_ttft_only
+def test_queued_miss(metrics, too_small):
+    from batchtune.core.strategies._adaptive import queued_miss
 
     outcome = TrialOutcome(TrialState.DONE, Verdict.VIOLATED, None, metrics)
-    assert queued_ttft_only(outcome, SloTargets(ttft_ms=1000, itl_ms=40)) is too_small
+    assert queued_miss(outcome, SloTargets(ttft_ms=1000, itl_ms=40)) is too_small
+
+
+@pytest.mark.parametrize(("metrics", "too_small"), [
+    pytest.param({"e2eMs": 30000.0, "waitingRequests": 900.0}, True, id="e2e-with-queue"),
+    pytest.param({"e2eMs": 30000.0, "waitingRequests": 0.0}, False, id="e2e-without-queue"),
+    pytest.param({"e2eMs": 30000.0, "waitingRequests": 900.0, "preemptionsPeakPerSecond": 1.0}, False,
+                 id="e2e-kv-preempts"),
+    pytest.param({"e2eMs": 500.0, "waitingRequests": 900.0}, False, id="e2e-met"),
+])
+def test_queued_miss_e2e_only(metrics, too_small):
+    from batchtune.core.strategies._adaptive import queued_miss
+
+    outcome = TrialOutcome(TrialState.DONE, Verdict.VIOLATED, None, metrics)
+    assert queued_miss(outcome, SloTargets(e2e_ms=10000)) is too_small
+
+
+def _offline_run(s: Setting) -> TrialOutcome:
+    """1024 closed-loop users and an E2E-only SLO of 10 s: a request's E2E is mostly its wait in the queue
+    (Little's law, users / request throughput), so below 256 seqs the SLO fails with requests waiting."""
+    users = 1024
+    throughput = 0.5 * min(s.max_num_seqs, 512)  # req/s
+    e2e_ms = 1000.0 * users / throughput
+    metrics = {"e2eMs": e2e_ms, "waitingRequests": float(max(0, users - s.max_num_seqs)),
+               "outputThroughput": 512.0 * throughput, "kvCacheUsagePercent": 40.0, "preemptionsPerSecond": 0.0,
+               "errorRatePercent": 0.0}
+    met = e2e_ms <= 9000.0  # the 10 % headroom
+    return TrialOutcome(TrialState.DONE, Verdict.MET if met else Verdict.VIOLATED,
+                        metrics["outputThroughput"] if met else None, metrics)
+
+
+def test_adaptive_searches_up_from_an_e2e_only_queueing_miss_and_chooses():
+    # Issue 21: read as "batch too big", the misses at 64, 16, 8 walked the search down to nothing, and the
+    # memory gate closed the higher-gmu column: no choice.
+    from batchtune.core.selection import CompletedTrial, select_best
+
+    slo = SloTargets(e2e_ms=10000)
+    plan = plan_candidates(SearchSpace(doublings(8, 1024), (85, 90)))
+    strategy = make_strategy("Adaptive", plan, slo, "OutputThroughput", 0, 12)
+    history = []
+    while (s := strategy.ask(history)) is not None:
+        history.append((s, _offline_run(s)))
+    assert history[0][1].verdict is Verdict.VIOLATED  # it starts below the boundary, where the queue fails it
+    selection = select_best([CompletedTrial(f"t{i}", s, o) for i, (s, o) in enumerate(history)], "OutputThroughput",
+                            slo)
+    assert selection.best is not None and selection.best.max_num_seqs >= 256
+    assert any("missed the SLO with requests waiting" in p.message for p in strategy.skipped(history))
 
 
 def test_adaptive_probes_below_when_the_smallest_batch_measured_scores_best():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from batchtune.bench.types import Knobs, Load, Reading, StartResult
@@ -12,6 +12,7 @@ from batchtune.core.warmup import GROWTH_TOLERANCE, RATE_TOLERANCE, STEADY_CHECK
 
 if TYPE_CHECKING:
     from batchtune.bench.scenarios import Scenario
+    from batchtune.core.burst import Burst
 
 
 class GroundTruth(Protocol):
@@ -153,6 +154,26 @@ class SimTestbed:
         self._charge(seconds)
         if not reading.ok:
             # A runtime failure (CUDA OOM) kills the server: the next step needs a new start.
+            self.ledger.runtime_failures += 1
+            self._running = None
+        return Reading(reading.load, reading.metrics, reading.failure, seconds)
+
+
+    def run_burst(self, burst: Burst) -> Reading:
+        """A burst probe on the running server (`core.burst`): its requests sent at once with the burst's lengths, run
+        to the last completion, billed as a load Job (its start and the scrape lag besides the run)."""
+        if self._running is None:
+            raise RuntimeError("run_burst needs a started server; call start() first and check its result")
+        self._calls += 1
+        seed = derive_seed(self.seed, self.scenario.name, "burst", self._calls)
+        shaped = replace(self.scenario, input_len=burst.prompt_tokens, output_len=burst.output_tokens)
+        load = Load("concurrency", float(burst.concurrency))
+        reading = self.truth.measure(shaped, self._running, load, duration_s=self.scenario.window_s, seed=seed,
+                                     noise=self.noise, prompts=burst.concurrency)
+        self.ledger.load_steps += 1
+        seconds = prompt_run_seconds(reading, burst.concurrency, self.cost.drain_s_cap)
+        self._charge(self.cost.job_start_s + self.cost.scrape_lag_s + seconds)
+        if not reading.ok:
             self.ledger.runtime_failures += 1
             self._running = None
         return Reading(reading.load, reading.metrics, reading.failure, seconds)

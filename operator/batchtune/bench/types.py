@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from batchtune.core.burst import Burst
 
 LoadKind = Literal["concurrency", "request_rate"]
 ObjectiveKind = Literal["capacity", "throughput"]
@@ -121,11 +124,20 @@ class Testbed(Protocol):
     Every call is charged to the strategy's ledger (trials and GPU time).
     """
 
+    @property
+    def running(self) -> Knobs | None:
+        """The setting the server runs now; None when none is up (not started, or it failed)."""
+        ...
+
     def start(self, knobs: Knobs) -> StartResult: ...
 
     def run_load(self, load: Load, *, prompts: int | None = None, warmup: bool = False,
                  seconds: float | None = None) -> Reading:
         """`seconds`: the measured window when it is not the scenario's (a bracketing step's, a lengthened run's)."""
+        ...
+
+    def run_burst(self, burst: Burst) -> Reading:
+        """A full token-budget burst on the running server (`core.burst`): its reading, or the failure it caused."""
         ...
 
 

@@ -2,7 +2,8 @@
 
 Rules, in order:
 1. Only trials that finished (Done), whose SLO verdict is Met, whose metrics still meet the SLO
-   when re-evaluated, and whose objective was measured are eligible. Repeats of a setting are
+   when re-evaluated, whose objective was measured, and that no failed full token-budget burst rules
+   out (`core.burst`: the setting's own, or one at a lower or equal gmu and budget) are eligible. Repeats of a setting are
    eligible only when every repeat is; their objective is the mean.
 2. The best eligible setting by objective wins (ties: the smaller, cheaper setting).
 3. Knee: in the winner's (gmu, mbt) column, if the winner sits past the knee of the max-num-seqs
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from batchtune.core.burst import burst_excluded
 from batchtune.core.knee import KNEE_GAIN_PERCENT, CurvePoint, Knee, curve_point, find_knee, mean_point
 from batchtune.core.objective import OBJECTIVE_UNITS, Objective, objective_value
 from batchtune.core.outcomes import TrialOutcome, TrialState, Verdict
@@ -70,6 +72,11 @@ def _rejection(trial: CompletedTrial, objective: Objective, slo: SloTargets | No
     return None
 
 
+def _burst_rejection(trial: CompletedTrial, history: Sequence[tuple[Setting, TrialOutcome]]) -> str | None:
+    excluded = burst_excluded(trial.setting, history)
+    return f"rejected: {excluded}" if excluded else None
+
+
 def _value(outcome: TrialOutcome, objective: Objective) -> float:
     value = outcome.objective if outcome.objective is not None else objective_value(objective, outcome.metrics)
     assert value is not None
@@ -108,8 +115,9 @@ def _eligible(trials: Sequence[CompletedTrial], by_setting: Mapping[Setting, lis
               objective: Objective, slo: SloTargets | None) -> tuple[dict[Setting, float], dict[str, str]]:
     """The settings every repeat of which met the SLO, with their mean objective; why the others are rejected."""
     verdicts: dict[str, str] = {}
+    history = [(t.setting, t.outcome) for t in trials]
     for trial in trials:
-        rejection = _rejection(trial, objective, slo)
+        rejection = _rejection(trial, objective, slo) or _burst_rejection(trial, history)
         if rejection:
             verdicts[trial.name] = rejection
     eligible: dict[Setting, float] = {}

@@ -127,6 +127,7 @@ class Reason(StrEnum):
     NOT_MEASURED = "NotMeasured"
     OOM_KILLED = "OOMKilled"
     OUT_OF_MEMORY = "OutOfMemory"
+    BURST_OUT_OF_MEMORY = "BurstOutOfMemory"
     KV_CACHE_TOO_SMALL = "KvCacheTooSmall"
     GPU_MEMORY_UTILIZATION_TOO_HIGH = "GpuMemoryUtilizationTooHigh"
     ENGINE_REFUSED_ARGS = "EngineRefusedArgs"

@@ -286,7 +286,7 @@ def _load(deployment: Deployment, value: float | None) -> int | None:
 
 # ---- memory failures ---------------------------------------------------------------------------------
 
-RUNTIME_OOM = (Reason.OUT_OF_MEMORY.value, Reason.OOM_KILLED.value)
+RUNTIME_OOM = (Reason.OUT_OF_MEMORY.value, Reason.OOM_KILLED.value, Reason.BURST_OUT_OF_MEMORY.value)
 
 
 def learn_failures(deployment: Deployment, params: TwinParams, history: Sequence[HistoryEntry]) -> tuple[

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from batchtune.bench.evaluate import TrialProtocol, TrialResult, TrialRunner, slo_targets
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.types import Choice, Knobs, Testbed
+from batchtune.core.burst import burst_failed, burst_of
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import HistoryEntry, TrialOutcome
 from batchtune.core.planning import EngineLimits, FitVerdict, Plan, SearchSpace, plan_candidates
@@ -73,6 +74,7 @@ class CoreStrategy:
         claimed: dict[Setting, TrialResult] = {}
         launched: dict[Setting, Predicted] = {}
         advice: TwinAdvice | None = None
+        probed: set[Setting] = set()
         while True:
             # As the operator (`core.search`): what the memory prefilter pruned enters the history as Infeasible.
             search = Search.start(self.kind, core_space, invariant, plan.pruned, slo, objective, seed,
@@ -83,7 +85,18 @@ class CoreStrategy:
                                       self.max_trials, advice)
             setting = search.ask(history)
             if setting is None:
-                break
+                # A runtime-OOM risk is not a fit: the setting about to be chosen is probed with a full token-budget
+                # burst first; a failed burst goes into the history (it rules out its column) and the search goes on.
+                selection = select_best(completed, objective, slo)
+                if selection.best is None or selection.best in probed:
+                    break
+                probed.add(selection.best)
+                failed = burst_probe(testbed, scenario, selection.best)
+                if failed is None:
+                    break
+                history.append((selection.best, failed))
+                completed.append(CompletedTrial(f"burst-{len(completed)}", selection.best, failed))
+                continue
             # As the operator: an Untrusted calibration launches nothing on its predictions, not even the load.
             predicted = advice.launch_prediction(setting) if advice is not None else None
             if predicted is not None:
@@ -99,6 +112,23 @@ class CoreStrategy:
             return Choice(None, None, selection.reason, report)
         chosen = claimed[selection.best]
         return Choice(_knobs(selection.best), chosen.claimed_load, selection.reason, report)
+
+
+def burst_probe(testbed: Testbed, scenario: Scenario, setting: Setting) -> TrialOutcome | None:
+    """Run the setting's full token-budget burst (`core.burst`) on a server of it: None when it held, else the
+    outcome the search and selection learn (BurstOutOfMemory). The budget and model length are the engine's
+    defaults where the setting leaves them unset (the nominal twin's config: arithmetic, no hidden parameter)."""
+    from batchtune.bench.twin_truth import TwinTruth
+
+    knobs = _knobs(setting)
+    config = TwinTruth().config(scenario, knobs)
+    burst = burst_of(setting, config.max_num_batched_tokens, config.max_model_len)
+    if testbed.running != knobs:
+        start = testbed.start(knobs)
+        if not start.ok:
+            return burst_failed(setting, burst, start.error or "the server did not start")
+    reading = testbed.run_burst(burst)
+    return None if reading.ok else burst_failed(setting, burst, reading.failure or "the server failed")
 
 
 def objective_of(scenario: Scenario) -> Objective:

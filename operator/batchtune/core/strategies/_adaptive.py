@@ -2,13 +2,17 @@
 
 Latency grows with max-num-seqs, so within a column the SLO verdict is Met up to a boundary and
 Violated past it: bisection finds the largest SLO-meeting setting in about log2(n) trials.
-The exception is a batch too small for its load: when only TTFT fails while requests wait in the
-queue, the violation is a lower bound (more seqs admit the waiting requests), and bisection goes up.
+The exception is a batch too small for its load: when only the latencies that include the queue fail (TTFT,
+E2E) while requests wait and the KV cache is not what holds them back, the violation is a lower bound (more seqs
+admit the waiting requests), and bisection goes up; an E2E-only SLO misses this way at a small batch under a high
+concurrency.
 What the history proves is skipped:
 - larger max-num-seqs than one that violated the SLO (dominated);
 - settings that need at least the memory of one that failed with a memory error: more seqs, at the
   same or LOWER gmu and same or larger mbt (lower gmu leaves less memory, so it fails too);
 - every gmu at or above one where vLLM found less free memory than the gmu asks for;
+- every setting a failed full token-budget burst rules out (`core.burst`): its column, and those at a higher gmu with
+  the same or larger token budget;
 - a higher gmu column when the lower one was not KV-bound at its boundary (no preemptions, KV
   usage under 90%, judged on the peak over every load step of the trial, not only the passing step
   the trial's metrics come from): more KV cache would not change its latency.
@@ -20,12 +24,13 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from batchtune.core.burst import burst_excluded
 from batchtune.core.knee import curve_point, find_knee
 from batchtune.core.objective import objective_value
 from batchtune.core.outcomes import MEMORY_REASONS, History, HistoryEntry, TrialOutcome, TrialState, Verdict
 from batchtune.core.planning import PrunedSetting
 from batchtune.core.settings import Setting
-from batchtune.core.slo import METRIC_TTFT_MS, SloTargets
+from batchtune.core.slo import METRIC_E2E_MS, METRIC_TTFT_MS, SloTargets
 from batchtune.core.strategies._base import Strategy
 from batchtune.core.vocabulary import M, Reason
 
@@ -44,7 +49,7 @@ Column = tuple[int, int | None]
 class _Kind(Enum):
     MET = "met"
     VIOLATED = "violated"  # SLO violated, or too big for memory: an upper bound on max-num-seqs
-    TOO_SMALL = "too_small"  # only TTFT failed while requests waited: a lower bound on max-num-seqs
+    TOO_SMALL = "too_small"  # only queue latencies failed while requests waited: a lower bound on max-num-seqs
     NOINFO = "noinfo"  # unknown verdict or an unrelated failure: says nothing about the boundary
 
 
@@ -53,30 +58,41 @@ def _peak(outcome: TrialOutcome, names: tuple[str, ...]) -> float | None:
     return max(values) if values else None
 
 
-def queued_ttft_only(outcome: TrialOutcome, slo: SloTargets) -> bool:
-    """Whether a violation is TTFT alone with requests waiting: the batch is too small for the load.
+QUEUE_SENSITIVE_TARGETS = frozenset({METRIC_TTFT_MS, METRIC_E2E_MS})
+"""Latency targets a request's wait in the queue adds to; ITL is per generated token and excludes it."""
 
-    Every other latency target must be measured and within its limit, so a batch that is also too
-    slow per token (ITL) stays an upper bound."""
+
+def queued_miss(outcome: TrialOutcome, slo: SloTargets) -> bool:
+    """Whether a violation is the queue's: the batch is too small for the load, a lower bound on max-num-seqs.
+
+    Requests waited, every failing target is one the queue adds to (TTFT, E2E), and every other latency target is
+    measured and within its limit (a batch also too slow per token, ITL, stays an upper bound). The wait must be
+    the batch's, not the KV cache's: with preemptions or the KV cache nearly full, more seqs admit nothing."""
     targets = slo.latency_targets()
     waiting = outcome.metric(WAITING_METRIC)
-    if METRIC_TTFT_MS not in targets or waiting is None or waiting <= 0:
+    if not QUEUE_SENSITIVE_TARGETS & targets.keys() or waiting is None or not waiting > 0:
         return False
+    preemptions = _peak(outcome, PREEMPTION_METRICS)
+    usage = _peak(outcome, KV_USAGE_METRICS)
+    if (preemptions is not None and preemptions > 0) or (usage is not None and usage >= KV_BOUND_USAGE_PERCENT):
+        return False
+    over = []
     for metric, target in targets.items():
         value = outcome.metric(metric)
         if value is None:
             return False
-        over = value > slo.limit(target)
-        if over != (metric == METRIC_TTFT_MS):
-            return False
-    return True
+        if value > slo.limit(target):
+            if metric not in QUEUE_SENSITIVE_TARGETS:
+                return False
+            over.append(metric)
+    return bool(over)
 
 
 def _classify(outcome: TrialOutcome, slo: SloTargets) -> _Kind:
     if outcome.met:
         return _Kind.MET
     if outcome.state is TrialState.DONE and outcome.verdict is Verdict.VIOLATED:
-        return _Kind.TOO_SMALL if queued_ttft_only(outcome, slo) else _Kind.VIOLATED
+        return _Kind.TOO_SMALL if queued_miss(outcome, slo) else _Kind.VIOLATED
     if outcome.state is TrialState.INFEASIBLE and (
         outcome.reason in MEMORY_REASONS or outcome.reason == Reason.GPU_MEMORY_UTILIZATION_TOO_HIGH
     ):
@@ -92,6 +108,9 @@ def _mbt_at_least(candidate: int | None, failed: int | None) -> bool:
 
 def blocked_reason(setting: Setting, history: list[HistoryEntry]) -> str | None:
     """Why memory failures in the history rule this setting out, or None."""
+    burst = burst_excluded(setting, history)
+    if burst:
+        return burst
     for failed, outcome in history:
         if outcome.state is not TrialState.INFEASIBLE or failed == setting:
             continue
@@ -130,7 +149,7 @@ class _ColumnState:
 
     @property
     def floor(self) -> int:
-        """The largest index known to be too small (TTFT queueing), or -1."""
+        """The largest index known to be too small (requests queued), or -1."""
         return max((i for i, k in self.kinds.items() if k is _Kind.TOO_SMALL), default=-1)
 
     @property
@@ -221,12 +240,16 @@ class Adaptive(Strategy):
             states.append(state)
         return states
 
-    def _gate(self, states: list[_ColumnState]) -> dict[Column, str | None]:
+    def _gate(self, states: list[_ColumnState], history: list[HistoryEntry]) -> dict[Column, str | None]:
         """Column -> None (open), "wait" (lower gmu still running) or the reason it is dominated."""
         gates: dict[Column, str | None] = {}
         by_key = {s.key: s for s in states}
         for state in states:
             gmu, mbt = state.key
+            burst = burst_excluded(state.settings[0], history) if state.settings else None
+            if burst:  # the burst fills the budget whatever the batch size: the whole column fails it
+                gates[state.key] = f"dominated: {burst}"
+                continue
             lower = [k for k in by_key if k[1] == mbt and k[0] < gmu]
             if not lower:
                 gates[state.key] = None
@@ -323,7 +346,7 @@ class Adaptive(Strategy):
 
     def _next(self, history: list[HistoryEntry], pending: frozenset[Setting]) -> Setting | None:
         states = self._columns(history, pending)
-        gates = self._gate(states)
+        gates = self._gate(states, history)
         for state in states:
             if gates[state.key] is None:
                 probe = self._probe(state, states)
@@ -333,7 +356,7 @@ class Adaptive(Strategy):
             not s.converged for s in states if gates[s.key] is None
         ):
             return None  # a column is still bracketing; its pending trials decide what comes next
-        best = self._best_column(states)
+        best = self._best_column([s for s in states if gates[s.key] is None])
         if best is not None:
             probe = self._knee_probe(best)
             if probe is not None:
@@ -343,7 +366,7 @@ class Adaptive(Strategy):
     def skipped(self, history: History | None = None) -> list[PrunedSetting]:
         entries = list(self._told if history is None else history)
         states = self._columns(entries, frozenset())
-        gates = self._gate(states)
+        gates = self._gate(states, entries)
         out: list[PrunedSetting] = []
         for state in states:
             gate = gates[state.key]
@@ -362,6 +385,6 @@ class Adaptive(Strategy):
                 elif i < state.floor:
                     out.append(PrunedSetting(
                         setting, Reason.DOMINATED, f"dominated: {state.settings[state.floor].label()} was too small "
-                        "for the load (TTFT failed with requests waiting)"
+                        "for the load (it missed the SLO with requests waiting)"
                     ))
         return out

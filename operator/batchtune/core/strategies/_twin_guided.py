@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from batchtune.core.burst import burst_excluded
 from batchtune.core.guidance import TwinAdvice, measured
 from batchtune.core.objective import Objective
 from batchtune.core.outcomes import History, HistoryEntry
@@ -53,7 +54,11 @@ def memory_blocked(setting: Setting, history: History) -> str | None:
     one request (startup): more seqs at the same or lower gmu (less memory) and no smaller budget fail too.
     Out of memory under load (the runtime headroom outside the gmu budget ran out): more seqs at the same
     or higher gmu (less headroom) and no smaller budget fail too; a lower gmu has more headroom, so the
-    twin, recalibrated on the failure, decides about those."""
+    twin, recalibrated on the failure, decides about those. A failed full token-budget burst (`core.burst`): its
+    column and every higher gmu with no smaller budget."""
+    burst = burst_excluded(setting, history)
+    if burst:
+        return burst
     for failed, outcome in history:
         if outcome.state is not TrialState.INFEASIBLE or failed == setting:
             continue
