@@ -3,9 +3,7 @@ twin's CPU node the tier's nodes are labelled with. The real server itself: test
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -194,15 +192,3 @@ def test_the_real_engine_cluster_runs_its_pods_nicer_than_the_twin_lanes_beside_
     with pytest.raises(cluster.ClusterError, match="pod_niceness 20"):
         cluster.pod_niceness(cluster.ClusterConfig(state_dir=tmp_path, pod_niceness=20))
 
-
-@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling in this kernel")
-def test_a_container_of_a_nice_node_agent_is_a_scheduling_group_as_nice():
-    # With autogroup each container's session competes as an equal whatever its nice value: the group takes it.
-    script = ("import os, sys, time; os.nice(7)\n"
-              "from batchtune_local.nodeagent.process import ContainerProcess\n"
-              "c = ContainerProcess.start(['sleep', '5'], dict(os.environ), '/', sys.argv[1])\n"
-              "print(open(f'/proc/{c.pid}/autogroup').read().split()[-1]); c.popen.kill()\n")
-    log = Path(tempfile.mkdtemp()) / "c.log"
-    done = subprocess.run([sys.executable, "-c", script, str(log)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "7"

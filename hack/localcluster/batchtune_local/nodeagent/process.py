@@ -25,17 +25,6 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def share_niceness(pid: int) -> None:
-    """Give the session `pid` leads the agent's own niceness as a scheduling group.
-
-    With autogroup scheduling (Linux's default on a desktop or VM kernel) each session is a group that competes
-    with the others as an equal whatever its processes' nice values, and every container is a session of its
-    own: without this the real-engine cluster's vLLM servers, nice 10 each, took an equal share per container
-    from the unit tier beside them."""
-    with contextlib.suppress(OSError):  # no autogroup in this kernel, or the process already gone
-        Path(f"/proc/{pid}/autogroup").write_text(str(os.nice(0)))
-
-
 class ContainerProcess:
     """A container's process group (the leader's PID is the group ID)."""
 
@@ -56,7 +45,6 @@ class ContainerProcess:
                 list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )
-        share_niceness(popen.pid)
         return cls(popen.pid, start_ticks(popen.pid) or 0, popen)
 
     @classmethod
