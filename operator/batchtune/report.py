@@ -17,8 +17,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batchtune.api.models import BEYOND_LAST_BUCKET_MS
-from batchtune.core.vocabulary import M
+from batchtune.api.models import (
+    BEYOND_LAST_BUCKET_MS,
+    BatchTuningSpec,
+    BatchTuningStatus,
+    CurveLoadRecord,
+    CurveLoadType,
+    LoadStepRecord,
+    Setting,
+    SloSpec,
+    TrialRecord,
+)
+from batchtune.core.vocabulary import M, StepPurpose, TrialState, Verdict
 
 CSV_COLUMNS = [
     "name", "maxNumSeqs", "gpuMemoryUtilizationPercent", "maxNumBatchedTokens", "state", "verdict",
@@ -26,21 +36,55 @@ CSV_COLUMNS = [
     "smActivePercent", "kvCacheUsagePercent", "preemptionsPerSecond", "powerWatts", "sloCapacity", "reason",
 ]
 LATENCY_STYLES: tuple[Literal["-", "--", ":"], ...] = ("-", "--", ":")
-_LATENCIES = (("ttftMs", "TTFT", "ttftMilliseconds"), ("itlMs", "inter-token", "interTokenLatencyMilliseconds"),
-              ("e2eMs", "end-to-end", "e2eLatencyMilliseconds"))
+# (metric key, words, the SloSpec field that bounds it)
+_LATENCIES = (("ttftMs", "TTFT", "ttft_milliseconds"),
+              ("itlMs", "inter-token", "inter_token_latency_milliseconds"),
+              ("e2eMs", "end-to-end", "e2e_latency_milliseconds"))
 
 
-def _row(trial: Mapping[str, Any]) -> dict[str, Any]:
-    setting = trial.get("setting") or {}
-    metrics = trial.get("metrics") or {}
-    row = {"name": trial.get("name"), "state": trial.get("state"), "verdict": trial.get("verdict"),
-           "reason": trial.get("verdictReason") or trial.get("reason") or ""}
-    row.update({k: setting.get(k) for k in ("maxNumSeqs", "gpuMemoryUtilizationPercent", "maxNumBatchedTokens")})
-    row.update({k: metrics.get(k) for k in CSV_COLUMNS if k in metrics})
+@dataclass(frozen=True)
+class Tuning:
+    """What a report is drawn from: one BatchTuning's names, spec and status, parsed once at the edge (the CLI's
+    view, the controller's report writer)."""
+
+    namespace: str
+    name: str
+    spec: BatchTuningSpec
+    status: BatchTuningStatus
+
+    @classmethod
+    def from_wire(cls, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> Tuning:
+        """The typed parse of a spec and status as the API server holds them; InvalidBatchTuning naming each field
+        that does not parse."""
+        from batchtune.api import parse_spec, parse_status
+
+        return cls(namespace, name, parse_spec(dict(spec)), parse_status(dict(status)))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "spec": self.spec.to_wire(),
+                "status": self.status.to_wire()}
+
+    @property
+    def curve_load(self) -> CurveLoadRecord | None:
+        """status.plan.curveLoad: the one offered load every curve is drawn at."""
+        return self.status.plan.curve_load if self.status.plan else None
+
+    @property
+    def curves_off(self) -> bool:
+        return self.spec.report.curve_load.type == CurveLoadType.OFF
+
+
+def _row(trial: TrialRecord) -> dict[str, Any]:
+    setting, metrics = trial.setting, trial.metrics or {}
+    row: dict[str, Any] = {"name": trial.name, "state": trial.state, "verdict": trial.verdict,
+                           "reason": trial.verdict_reason or trial.reason or ""}
+    row.update({"maxNumSeqs": setting.max_num_seqs, "gpuMemoryUtilizationPercent": setting.gpu_memory_utilization_percent,
+                "maxNumBatchedTokens": setting.max_num_batched_tokens})
+    row.update({k: metrics[k] for k in CSV_COLUMNS if k in metrics})
     return row
 
 
-def trials_csv(trials: Sequence[Mapping[str, Any]]) -> str:
+def trials_csv(trials: Sequence[TrialRecord]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -49,8 +93,8 @@ def trials_csv(trials: Sequence[Mapping[str, Any]]) -> str:
     return out.getvalue()
 
 
-def trials_json(trials: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
-    return json.dumps({"summary": dict(summary), "trials": [dict(t) for t in trials]}, indent=2, sort_keys=True)
+def trials_json(trials: Sequence[TrialRecord], summary: Mapping[str, Any]) -> str:
+    return json.dumps({"summary": dict(summary), "trials": [t.to_wire() for t in trials]}, indent=2, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -58,9 +102,9 @@ class CurvePoint:
     """One trial's reading at the common curve load."""
 
     name: str
-    setting: Mapping[str, Any]
-    metrics: Mapping[str, Any]
-    verdict: str | None
+    setting: Setting
+    metrics: Mapping[str, float]
+    verdict: Verdict | None
     """The SLO verdict at the common load (for the picture only; the trial's own verdict is its search's)."""
 
 
@@ -78,17 +122,23 @@ class CurvePicture:
     """Why there is no common load at all."""
 
 
-def curve_load_label(curve_load: Mapping[str, Any] | None) -> str | None:
-    if not curve_load:
+def curve_load_label(curve_load: CurveLoadRecord | None) -> str | None:
+    if curve_load is None:
         return None
-    if curve_load.get("requestsPerMinute"):
-        return f"{curve_load['requestsPerMinute']} requests/min (open loop)"
-    if curve_load.get("concurrency"):
-        return f"{curve_load['concurrency']} concurrent requests (closed loop)"
+    if curve_load.requests_per_minute:
+        return f"{curve_load.requests_per_minute} requests/min (open loop)"
+    if curve_load.concurrency:
+        return f"{curve_load.concurrency} concurrent requests (closed loop)"
     return None
 
 
-def curve_picture(trials: Sequence[Mapping[str, Any]], curve_load: Mapping[str, Any] | None,
+def curve_step(trial: TrialRecord) -> LoadStepRecord | None:
+    """The trial's step at the common curve load (`curveStep`), None when it has none."""
+    at = trial.curve_step
+    return trial.steps[at] if at is not None and at < len(trial.steps) else None
+
+
+def curve_picture(trials: Sequence[TrialRecord], curve_load: CurveLoadRecord | None,
                   curves_off: bool = False) -> CurvePicture:
     """The trials' readings at the common load (`status.plan.curveLoad`), never a trial's own capacity load."""
     label = curve_load_label(curve_load)
@@ -99,24 +149,21 @@ def curve_picture(trials: Sequence[Mapping[str, Any]], curve_load: Mapping[str, 
         return CurvePicture(None, "", [], [], why)
     points, missing = [], []
     for trial in trials:
-        if trial.get("state") != "Done":
+        if trial.state != TrialState.DONE:
             continue
-        name = str(trial.get("name", "?"))
-        steps = [s for s in trial.get("steps") or [] if isinstance(s, Mapping)]
-        at = trial.get("curveStep")
-        step = steps[at] if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < len(steps) else None
-        if step is not None and isinstance(step.get("metrics"), Mapping) and step["metrics"]:
-            points.append(CurvePoint(name, trial.get("setting") or {}, step["metrics"], step.get("verdict")))
+        step = curve_step(trial)
+        if step is not None and step.metrics:
+            points.append(CurvePoint(trial.name, trial.setting, step.metrics, step.verdict))
             continue
-        curve = next((s for s in steps if s.get("purpose") == "Curve"), None)
-        why = str(curve.get("verdictReason") or "not measured yet") if curve else "no step at the common load"
-        missing.append(f"{name} ({_setting_label(trial.get('setting') or {})}): {why}")
-    return CurvePicture(label, str((curve_load or {}).get("source") or ""), points, missing)
+        curve = next((s for s in trial.steps if s.purpose == StepPurpose.CURVE), None)
+        why = str(curve.verdict_reason or "not measured yet") if curve else "no step at the common load"
+        missing.append(f"{trial.name} ({_setting_label(trial.setting)}): {why}")
+    return CurvePicture(label, curve_load.source if curve_load else "", points, missing)
 
 
-def _setting_label(setting: Mapping[str, Any]) -> str:
-    out = f"seqs {setting.get('maxNumSeqs')}, gmu {setting.get('gpuMemoryUtilizationPercent')}%"
-    return out + (f", mbt {setting['maxNumBatchedTokens']}" if setting.get("maxNumBatchedTokens") else "")
+def _setting_label(setting: Setting) -> str:
+    out = f"seqs {setting.max_num_seqs}, gmu {setting.gpu_memory_utilization_percent}%"
+    return out + (f", mbt {setting.max_num_batched_tokens}" if setting.max_num_batched_tokens else "")
 
 
 def _number(value: Any) -> float:
@@ -125,96 +172,131 @@ def _number(value: Any) -> float:
     return float("nan")
 
 
-def _column(setting: Mapping[str, Any]) -> tuple[int, int]:
-    return (_int(setting.get("gpuMemoryUtilizationPercent")), _int(setting.get("maxNumBatchedTokens")))
+def _column(setting: Setting) -> tuple[int, int]:
+    """A curve's line: one per (gmu, mbt); mbt 0 where it is not searched."""
+    return (setting.gpu_memory_utilization_percent, setting.max_num_batched_tokens or 0)
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def _slo_targets(slo: SloSpec) -> list[tuple[str, int | float]]:
+    """(latency words, target in ms) for each latency the SLO bounds."""
+    out = []
+    for _key, name, field in _LATENCIES:
+        target = getattr(slo, field)
+        if isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0:
+            out.append((name, target))
+    return out
 
 
-def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_seqs: int | None,  # noqa: C901
-               slo: Mapping[str, Any], percentile: str = "P95", title: str = "",
-               curve_load: Mapping[str, Any] | None = None, curves_off: bool = False) -> bytes:
+def curves_png(tuning: Tuning, title: str = "") -> bytes:
     """GPU utilization, output throughput and latency against max-num-seqs at ONE common offered load
-    (`curve_load`, status.plan.curveLoad), one line per gmu; SLO capacity, each trial at its own
-    highest passing load, in a panel of its own. A trial without a reading at the common load is
-    left out and named under the figure, never drawn at another load."""
+    (status.plan.curveLoad), one line per gmu; SLO capacity, each trial at its own highest passing load, in a
+    panel of its own. A trial without a reading at the common load is left out and named under the figure,
+    never drawn at another load."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-    picture = curve_picture(trials, curve_load, curves_off)
-    done = [t for t in trials if t.get("state") == "Done" and isinstance(t.get("setting"), Mapping)
-            and isinstance(t["setting"].get("maxNumSeqs"), int)]
+    status, slo = tuning.status, tuning.spec.slo
+    picture = curve_picture(status.trials, tuning.curve_load, tuning.curves_off)
+    done = [t for t in status.trials if t.state == TrialState.DONE]
     fig, grid = plt.subplots(2, 2, figsize=(12, 8.2), constrained_layout=True)
     util_ax, tput_ax, lat_ax, cap_ax = grid[0][0], grid[0][1], grid[1][0], grid[1][1]
-    # DCGM's GPU_UTIL reads ~100% whenever any kernel runs; SM active shows the batching curve.
-    has_sm = any(not math.isnan(_number(p.metrics.get(M.SM_ACTIVE_PERCENT))) for p in picture.points)
-    util_key, util_label = ((M.SM_ACTIVE_PERCENT, "SM active (%, DCGM PROF_SM_ACTIVE)") if has_sm
-                            else (M.GPU_UTIL_PERCENT, "GPU utilization (%, DCGM GPU_UTIL)"))
     at = f" at {picture.load}" if picture.load else ""
-    panels = [(util_ax, util_key, util_label, "GPU utilization" + at),
-              (tput_ax, M.OUTPUT_THROUGHPUT, "output throughput (tokens/s)", "Throughput" + at)]
-    columns: dict[tuple[int, int], list[CurvePoint]] = {}
-    for point in picture.points:
-        if isinstance(point.setting.get("maxNumSeqs"), int):
-            columns.setdefault(_column(point.setting), []).append(point)
+    panels = _load_panels(util_ax, tput_ax, picture, at)
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     # One colour per (gmu, mbt) column in every panel, whichever panels it has points in.
-    colors = {col: cycle[i % len(cycle)] for i, col in enumerate(sorted({_column(t["setting"]) for t in done}))}
-    latencies_drawn = False
+    colors = {col: cycle[i % len(cycle)] for i, col in enumerate(sorted({_column(t.setting) for t in done}))}
     # A latency beyond the histogram's last bucket (status holds +inf as BEYOND_LAST_BUCKET_MS: an overloaded
     # setting at this load) is drawn at a ceiling above every finite reading, not at 10^12 ms.
     ceiling = latency_ceiling(picture.points, slo)
-    overloaded = False
-    for (gmu, mbt), group in sorted(columns.items()):
-        group = sorted(group, key=lambda p: p.setting["maxNumSeqs"])
-        xs = [p.setting["maxNumSeqs"] for p in group]
-        label = f"gmu {gmu}%" + (f", mbt {mbt}" if mbt else "")
-        color = colors.get((gmu, mbt), "black")
-        for ax, key, _, _ in panels:
-            _line(ax, xs, [_number(p.metrics.get(key)) for p in group], group, color, "-", label)
-        for (latency, name, _), style in zip(_LATENCIES, LATENCY_STYLES, strict=True):
-            ys = [_number(p.metrics.get(latency)) for p in group]
-            if any(not math.isnan(y) for y in ys):
-                latencies_drawn = True
-                beyond = [y >= BEYOND_LAST_BUCKET_MS for y in ys]
-                overloaded = overloaded or any(beyond)
-                _line(lat_ax, xs, [ceiling if b else y for y, b in zip(ys, beyond, strict=True)], group, color,
-                      style, f"{name}, {label}", beyond)
+    latencies_drawn, overloaded = _draw_columns(picture.points, panels, lat_ax, colors, ceiling)
     for ax, _, ylabel, heading in panels:
         ax.set_ylabel(ylabel)
         ax.set_title(heading, fontsize=10)
     util_ax.set_ylim(0, 105)
-    lat_ax.set_ylabel(f"{percentile.lower()} latency (ms, log scale)")
-    lat_ax.set_title(f"{percentile} latency" + at, fontsize=10)
+    lat_ax.set_ylabel(f"{slo.percentile.lower()} latency (ms, log scale)")
+    lat_ax.set_title(f"{slo.percentile} latency" + at, fontsize=10)
     if latencies_drawn:
-        lat_ax.set_yscale("log")
-        for _key, name, slo_field in _LATENCIES:
-            target = slo.get(slo_field)
-            if isinstance(target, (int, float)) and target > 0:
-                lat_ax.axhline(target, linestyle="--", linewidth=1, color="grey")
-                lat_ax.annotate(f"{name} SLO {target} ms", (0.99, target), xycoords=("axes fraction", "data"),
-                                fontsize=8, color="grey", va="bottom", ha="right")
-        if overloaded:
-            lat_ax.axhline(ceiling, linestyle=(0, (1, 3)), linewidth=1, color="firebrick")
-            lat_ax.annotate("\u25b2 beyond the latency histogram's last bucket (overloaded at this load)",
-                            (0.01, ceiling), xycoords=("axes fraction", "data"), fontsize=8, color="firebrick",
-                            va="bottom", ha="left")
-            lat_ax.set_ylim(top=ceiling * 4)
+        _latency_scale(lat_ax, slo, ceiling, overloaded)
     if not picture.points:
         why = picture.why_none or "no Done trial has a reading at the common load"
         for ax in (util_ax, tput_ax, lat_ax):
             ax.text(0.5, 0.5, "\n".join(textwrap.wrap(why, 48)), transform=ax.transAxes, ha="center",
                     va="center", fontsize=9, color="dimgrey", parse_math=False)
     _capacity_panel(cap_ax, done, colors)
-    seqs = sorted({t["setting"]["maxNumSeqs"] for t in done})
-    chosen_trial = next((t for t in done if t.get("name") == chosen), None)
-    for ax in (util_ax, tput_ax, lat_ax, cap_ax):
+    _seqs_axes((util_ax, tput_ax, lat_ax, cap_ax), done, status.best_trial,
+               status.knee.max_num_seqs if status.knee else None)
+    _legends(util_ax, lat_ax, latencies_drawn)
+    _headings(fig, title, picture)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# A panel drawn at the common load: (axes, metric key, y label, heading).
+_Panel = tuple[Any, str, str, str]
+
+
+def _load_panels(util_ax: Any, tput_ax: Any, picture: CurvePicture, at: str) -> list[_Panel]:
+    # DCGM's GPU_UTIL reads ~100% whenever any kernel runs; SM active shows the batching curve.
+    has_sm = any(not math.isnan(_number(p.metrics.get(M.SM_ACTIVE_PERCENT))) for p in picture.points)
+    util_key, util_label = ((M.SM_ACTIVE_PERCENT, "SM active (%, DCGM PROF_SM_ACTIVE)") if has_sm
+                            else (M.GPU_UTIL_PERCENT, "GPU utilization (%, DCGM GPU_UTIL)"))
+    return [(util_ax, util_key, util_label, "GPU utilization" + at),
+            (tput_ax, M.OUTPUT_THROUGHPUT, "output throughput (tokens/s)", "Throughput" + at)]
+
+
+def _draw_columns(points: Sequence[CurvePoint], panels: list[_Panel], lat_ax: Any,
+                  colors: Mapping[tuple[int, int], str], ceiling: float) -> tuple[bool, bool]:
+    """One line per (gmu, mbt) column in each panel; (whether any latency was drawn, whether any was beyond
+    the histogram's last bucket)."""
+    columns: dict[tuple[int, int], list[CurvePoint]] = {}
+    for point in points:
+        columns.setdefault(_column(point.setting), []).append(point)
+    latencies_drawn = overloaded = False
+    for (gmu, mbt), column in sorted(columns.items()):
+        group = sorted(column, key=lambda p: p.setting.max_num_seqs)
+        xs = [p.setting.max_num_seqs for p in group]
+        label = f"gmu {gmu}%" + (f", mbt {mbt}" if mbt else "")
+        color = colors.get((gmu, mbt), "black")
+        for ax, key, _, _ in panels:
+            _line(ax, xs, [_number(p.metrics.get(key)) for p in group], group, color, "-", label)
+        for (latency, name, _), style in zip(_LATENCIES, LATENCY_STYLES, strict=True):
+            ys = [_number(p.metrics.get(latency)) for p in group]
+            if all(math.isnan(y) for y in ys):
+                continue
+            latencies_drawn = True
+            beyond = [y >= BEYOND_LAST_BUCKET_MS for y in ys]
+            overloaded = overloaded or any(beyond)
+            _line(lat_ax, xs, [ceiling if b else y for y, b in zip(ys, beyond, strict=True)], group, color,
+                  style, f"{name}, {label}", beyond)
+    return latencies_drawn, overloaded
+
+
+def _latency_scale(lat_ax: Any, slo: SloSpec, ceiling: float, overloaded: bool) -> None:
+    """Log scale, a dashed line per SLO target, and the ceiling where overloaded readings are drawn."""
+    lat_ax.set_yscale("log")
+    for name, target in _slo_targets(slo):
+        lat_ax.axhline(target, linestyle="--", linewidth=1, color="grey")
+        lat_ax.annotate(f"{name} SLO {target} ms", (0.99, target), xycoords=("axes fraction", "data"),
+                        fontsize=8, color="grey", va="bottom", ha="right")
+    if overloaded:
+        lat_ax.axhline(ceiling, linestyle=(0, (1, 3)), linewidth=1, color="firebrick")
+        lat_ax.annotate("\u25b2 beyond the latency histogram's last bucket (overloaded at this load)",
+                        (0.01, ceiling), xycoords=("axes fraction", "data"), fontsize=8, color="firebrick",
+                        va="bottom", ha="left")
+        lat_ax.set_ylim(top=ceiling * 4)
+
+
+def _seqs_axes(axes: Sequence[Any], done: Sequence[TrialRecord], chosen: str | None, knee_seqs: int | None) -> None:
+    """Every panel's x axis: the max-num-seqs tried, on a log scale, with the chosen setting and the knee marked."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    seqs = sorted({t.setting.max_num_seqs for t in done})
+    chosen_trial = next((t for t in done if t.name == chosen), None)
+    for ax in axes:
         ax.set_xscale("log", base=2)
         if seqs:
             ax.xaxis.set_major_locator(FixedLocator(seqs))
@@ -224,11 +306,16 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
         ax.set_xlabel("--max-num-seqs (log scale)")
         ax.grid(True, alpha=0.3)
         if chosen_trial:
-            ax.axvline(chosen_trial["setting"]["maxNumSeqs"], color="tab:green", linewidth=6, alpha=0.25,
-                       label=f"chosen ({chosen_trial['setting']['maxNumSeqs']})")
+            ax.axvline(chosen_trial.setting.max_num_seqs, color="tab:green", linewidth=6, alpha=0.25,
+                       label=f"chosen ({chosen_trial.setting.max_num_seqs})")
         if knee_seqs:
             ax.axvline(knee_seqs, color="tab:orange", linestyle=":", linewidth=2, zorder=5,
                        label=f"knee ({knee_seqs})")
+
+
+def _legends(util_ax: Any, lat_ax: Any, latencies_drawn: bool) -> None:
+    from matplotlib.lines import Line2D
+
     hollow = Line2D([], [], marker="o", color="grey", markerfacecolor="white", linestyle="none",
                     label="SLO not met at this load")
     handles, labels = util_ax.get_legend_handles_labels()
@@ -239,6 +326,10 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
         styles = [Line2D([], [], color="dimgrey", linestyle=style, marker="o", label=name)
                   for (_, name, _), style in zip(_LATENCIES, LATENCY_STYLES, strict=True)]
         lat_ax.legend(handles=styles, fontsize=8, loc="best")
+
+
+def _headings(fig: Any, title: str, picture: CurvePicture) -> None:
+    """The figure's title with the common load, and under it the trials left out for want of a reading there."""
     heading = title or "BatchTuning"
     if picture.load:
         heading += f"\nGPU utilization, throughput and latency at one offered load: {picture.load}"
@@ -250,20 +341,15 @@ def curves_png(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_
         note = "Not at the common load (left out, not drawn at another load): " + "; ".join(picture.missing)
         fig.text(0.01, 0.002, "\n".join(textwrap.wrap(_shorten(note, 600), 170)), fontsize=7, color="firebrick",
                  va="bottom", ha="left", parse_math=False)
-        fig.get_layout_engine().set(rect=(0, 0.05, 1, 0.95))  # type: ignore[union-attr, call-arg]
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+        fig.get_layout_engine().set(rect=(0, 0.05, 1, 0.95))
 
 
-def latency_ceiling(points: Sequence[CurvePoint], slo: Mapping[str, Any]) -> float:
+def latency_ceiling(points: Sequence[CurvePoint], slo: SloSpec) -> float:
     """Where the latency panel draws a reading beyond the histogram's last bucket: 4x above the highest
     finite latency or SLO target, so the finite curve keeps its scale."""
     finite = [y for p in points for key, _, _ in _LATENCIES
               if not math.isnan(y := _number(p.metrics.get(key))) and 0 < y < BEYOND_LAST_BUCKET_MS]
-    targets = [float(t) for _, _, f in _LATENCIES if isinstance(t := slo.get(f), (int, float))
-               and not isinstance(t, bool) and t > 0]
+    targets = [float(t) for _, t in _slo_targets(slo)]
     return 4 * max(finite + targets, default=1000.0)
 
 
@@ -282,17 +368,18 @@ def _line(ax: Any, xs: list[int], ys: list[float], points: list[CurvePoint], col
                 color=color, markerfacecolor="white", zorder=5)
 
 
-def _capacity_panel(ax: Any, done: list[Mapping[str, Any]], colors: Mapping[tuple[int, int], str]) -> None:
+def _capacity_panel(ax: Any, done: Sequence[TrialRecord], colors: Mapping[tuple[int, int], str]) -> None:
     """SLO capacity per trial: each at the highest load its own search found within the SLO."""
     ax.set_title("SLO capacity (each trial at its own highest passing load)", fontsize=10)
     ax.set_ylabel("requests/s within the SLO")
-    columns: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+    columns: dict[tuple[int, int], list[tuple[int, float]]] = {}
     for trial in done:
-        if not math.isnan(_number((trial.get("metrics") or {}).get(M.SLO_CAPACITY))):
-            columns.setdefault(_column(trial["setting"]), []).append(trial)
-    for (gmu, mbt), group in sorted(columns.items()):
-        group = sorted(group, key=lambda t: t["setting"]["maxNumSeqs"])
-        ax.plot([t["setting"]["maxNumSeqs"] for t in group], [t["metrics"][M.SLO_CAPACITY] for t in group],
+        capacity = _number((trial.metrics or {}).get(M.SLO_CAPACITY))
+        if not math.isnan(capacity):
+            columns.setdefault(_column(trial.setting), []).append((trial.setting.max_num_seqs, capacity))
+    for (gmu, mbt), column in sorted(columns.items()):
+        group = sorted(column, key=lambda point: point[0])
+        ax.plot([seqs for seqs, _ in group], [capacity for _, capacity in group],
                 marker="s", color=colors.get((gmu, mbt), "black"), label=f"gmu {gmu}%" + (f", mbt {mbt}" if mbt else ""))
     if columns:
         ax.set_ylim(bottom=0)
@@ -307,18 +394,13 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def curves_png_isolated(trials: Sequence[Mapping[str, Any]], *, chosen: str | None, knee_seqs: int | None,
-                        slo: Mapping[str, Any], percentile: str = "P95", title: str = "",
-                        curve_load: Mapping[str, Any] | None = None, curves_off: bool = False,
-                        timeout_s: float = 120) -> bytes:
+def curves_png_isolated(tuning: Tuning, title: str = "", timeout_s: float = 120) -> bytes:
     """`curves_png` in a short-lived process: matplotlib's memory (~100-200 MB per render, never
     returned to the OS) and CPU stay out of the long-running operator."""
     import subprocess
     import sys
 
-    request = json.dumps({"trials": list(trials), "chosen": chosen, "knee_seqs": knee_seqs, "slo": dict(slo),
-                          "percentile": percentile, "title": title, "curve_load": curve_load,
-                          "curves_off": curves_off}, default=str)
+    request = json.dumps({**tuning.to_wire(), "title": title})
     done = subprocess.run([sys.executable, "-m", "batchtune.report"], input=request.encode(),
                           capture_output=True, timeout=timeout_s, check=False)
     if done.returncode != 0 or not done.stdout.startswith(b"\x89PNG"):
@@ -330,6 +412,6 @@ if __name__ == "__main__":
     import sys
 
     args = json.load(sys.stdin)
-    sys.stdout.buffer.write(curves_png(args["trials"], chosen=args["chosen"], knee_seqs=args["knee_seqs"],
-                                       slo=args["slo"], percentile=args["percentile"], title=args["title"],
-                                       curve_load=args.get("curve_load"), curves_off=bool(args.get("curves_off"))))
+    # The request is the operator's own typed status written out: parsed again here, at this process's edge.
+    sys.stdout.buffer.write(curves_png(Tuning.from_wire(args["namespace"], args["name"], args["spec"], args["status"]),
+                                       title=args["title"]))

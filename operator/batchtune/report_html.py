@@ -13,11 +13,25 @@ import base64
 import html
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from batchtune.api.models import BEYOND_LAST_BUCKET_MS
-from batchtune.core.vocabulary import MEMORY_REASONS, M, Reason
-from batchtune.report import curve_picture
+from pydantic_core import to_jsonable_python
+
+from batchtune.api.models import (
+    BEYOND_LAST_BUCKET_MS,
+    BatchTuningStatus,
+    ConditionStatus,
+    CurveLoadRecord,
+    LoadStepRecord,
+    ObjectiveType,
+    PlanRecord,
+    Setting,
+    TrialRecord,
+    WorkloadRecord,
+)
+from batchtune.core.vocabulary import MEMORY_REASONS, ConditionType, M, Reason, StepPurpose, TrialState
+from batchtune.report import Tuning, curve_picture, curve_step
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 MAX_TABLE_ROWS = 300
@@ -54,23 +68,9 @@ def h(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _m(obj: Any, *keys: str) -> Any:
-    """obj[k1][k2]..., None where a level is missing or not a mapping (status is read, never trusted)."""
-    for key in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)
-    return obj
-
-
-def _d(obj: Any, *keys: str) -> Mapping[str, Any]:
-    """Like `_m`, but a mapping always ({} where missing)."""
-    found = _m(obj, *keys)
-    return found if isinstance(found, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else []
+def _time(moment: datetime | None) -> str | None:
+    """A status timestamp as status holds it (2025-01-01T10:40:00Z)."""
+    return None if moment is None else str(to_jsonable_python(moment))
 
 
 def _ms(value: Any) -> str:
@@ -88,15 +88,15 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:,.{digits}g}" if abs(value) < 10 ** digits else f"{value:,.0f}"
 
 
-def _args(words: Any) -> str:
-    return " ".join(str(w) for w in _list(words))
+def _args(words: Sequence[str] | None) -> str:
+    return " ".join(words or ())
 
 
-def _setting(setting: Any) -> str:
-    if not isinstance(setting, Mapping):
+def _setting(setting: Setting | None) -> str:
+    if setting is None:
         return ""
-    out = f"max-num-seqs {setting.get('maxNumSeqs')}, gmu {setting.get('gpuMemoryUtilizationPercent')}%"
-    return out + (f", mbt {setting['maxNumBatchedTokens']}" if setting.get("maxNumBatchedTokens") else "")
+    out = f"max-num-seqs {setting.max_num_seqs}, gmu {setting.gpu_memory_utilization_percent}%"
+    return out + (f", mbt {setting.max_num_batched_tokens}" if setting.max_num_batched_tokens else "")
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]], classes: Sequence[str] = (),
@@ -133,49 +133,44 @@ def _verdict(value: Any) -> str:
 # ---- sections ----------------------------------------------------------------------------------
 
 
-def _decision(bt: Mapping[str, Any]) -> str:
-    status = _d(bt, "status")
-    rec = _d(status, "recommendation")
-    conditions = [c for c in _list(_m(status, "conditions")) if isinstance(c, Mapping)]
-    final = next((c for c in conditions if c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"),
-                 None)
-    applied = _d(status, "applied")
+def _decision(status: BatchTuningStatus) -> str:
+    rec = status.recommendation
+    final = next((c for c in status.conditions if c.type in (ConditionType.SUCCEEDED, ConditionType.FAILED)
+                  and c.status == ConditionStatus.TRUE), None)
+    applied = status.applied
     out = ["<h2>Decision</h2>"]
-    if not rec and not final:
+    if rec is None and final is None:
         out.append('<p class="muted">No decision yet: the tuning is in phase '
-                   f"{h(_m(status, 'phase') or 'Pending')}.</p>")
+                   f"{h(status.phase or 'Pending')}.</p>")
     out.append(_dl([
-        ("Chosen setting", h(_setting(rec.get("setting"))) or h(_m(status, "bestSetting"))),
-        ("Best trial", h(_m(status, "bestTrial"))),
-        ("Why", h(rec.get("reason"))),
-        ("Knee", h(f"max-num-seqs {_m(status, 'knee', 'maxNumSeqs')}: {_m(status, 'knee', 'reason')}")
-         if _m(status, "knee", "maxNumSeqs") else ""),
-        ("Replicas for production's peak", h(rec.get("replicasHint"))),
-        ("Outcome", h(f"{final.get('reason')}: {final.get('message')}") if final else ""),
-        ("Applied at", h(applied.get("appliedAt"))),
-        ("Verified at", h(applied.get("verifiedAt"))),
-        ("Rolled back at", h(applied.get("rolledBackAt"))),
+        ("Chosen setting", h(_setting(rec.setting if rec else None)) or h(status.best_setting)),
+        ("Best trial", h(status.best_trial)),
+        ("Why", h(rec.reason if rec else None)),
+        ("Knee", h(f"max-num-seqs {status.knee.max_num_seqs}: {status.knee.reason}") if status.knee else ""),
+        ("Replicas for production's peak", h(rec.replicas_hint if rec else None)),
+        ("Outcome", h(f"{final.reason}: {final.message}") if final else ""),
+        ("Applied at", h(_time(applied.applied_at) if applied else None)),
+        ("Verified at", h(_time(applied.verified_at) if applied else None)),
+        ("Rolled back at", h(_time(applied.rolled_back_at) if applied else None)),
     ]))
-    baseline = _args(_m(status, "baseline", "args"))
+    baseline = _args(status.baseline.args if status.baseline else None)
     if baseline:
         out.append(f"<h3>Production's command line before tuning</h3><pre>{h(baseline)}</pre>")
-    if rec.get("args"):
-        out.append(f"<h3>Recommended command line</h3><pre>{h(_args(rec.get('args')))}</pre>")
-    for label, key in (("Previous container args (restored on rollback)", "previous"), ("Applied", "new")):
-        words = _m(applied, key, "args")
-        if words:
-            out.append(f"<h3>{h(label)}</h3><pre>{h(_args(words))}</pre>")
+    if rec is not None and rec.args:
+        out.append(f"<h3>Recommended command line</h3><pre>{h(_args(rec.args))}</pre>")
+    if applied is not None:
+        for label, container in (("Previous container args (restored on rollback)", applied.previous),
+                                 ("Applied", applied.new)):
+            if container is not None and container.args:
+                out.append(f"<h3>{h(label)}</h3><pre>{h(_args(container.args))}</pre>")
     return "".join(out)
 
 
-def _curves(bt: Mapping[str, Any], png: bytes | None, no_image: str) -> str:
-    status = _d(bt, "status")
-    off = _m(bt, "spec", "report", "curveLoad", "type") == "Off"
-    picture = curve_picture([t for t in _list(status.get("trials")) if isinstance(t, Mapping)],
-                            _m(status, "plan", "curveLoad"), off)
+def _curves(tuning: Tuning, png: bytes | None, no_image: str) -> str:
+    picture = curve_picture(tuning.status.trials, tuning.curve_load, tuning.curves_off)
     out = ["<h2>Curves</h2>"]
     if picture.load:
-        out.append(f"<p>GPU utilization, throughput and {h(_m(bt, 'spec', 'slo', 'percentile') or 'P95')} latency "
+        out.append(f"<p>GPU utilization, throughput and {h(tuning.spec.slo.percentile)} latency "
                    f"against max-num-seqs, every trial at one offered load: <b>{h(picture.load)}</b> "
                    f"({h(picture.source)}). That step is for this picture only; the decision rests on each "
                    "trial's own search. SLO capacity, which each trial reaches at its own load, has its own "
@@ -202,35 +197,34 @@ TRIAL_HEAD = ("trial", "max-num-seqs", "gmu %", "mbt", "state", "verdict", "SLO 
               "common load: tok/s", "common load: ITL ms", "common load: verdict", "why")
 
 
-def _trials(bt: Mapping[str, Any]) -> str:
-    status = _d(bt, "status")
-    trials = [t for t in _list(status.get("trials")) if isinstance(t, Mapping)]
-    best = status.get("bestTrial")
-    rows, classes = [], []
-    for trial in trials[:MAX_TABLE_ROWS]:
-        setting = _d(trial, "setting")
-        metrics = _d(trial, "metrics")
-        steps = _list(trial.get("steps"))
-        at = trial.get("curveStep")
-        curve = steps[at] if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < len(steps) else None
-        curve_metrics = _d(curve, "metrics")
-        gpu = metrics.get(M.SM_ACTIVE_PERCENT, metrics.get(M.GPU_UTIL_PERCENT))
-        why = str(trial.get("verdictReason") or trial.get("message") or trial.get("reason") or "")
-        rows.append([h(trial.get("name")), h(setting.get("maxNumSeqs")), h(setting.get("gpuMemoryUtilizationPercent")),
-                     h(setting.get("maxNumBatchedTokens")), h(trial.get("state")), _verdict(trial.get("verdict")),
-                     h(_num(metrics.get(M.SLO_CAPACITY))), h(_num(metrics.get(M.SLO_CAPACITY_LOAD))),
-                     h(_num(metrics.get(M.OUTPUT_THROUGHPUT))), h(_ms(metrics.get(M.TTFT_MS))),
-                     h(_ms(metrics.get(M.ITL_MS))), h(_ms(metrics.get(M.E2E_MS))), h(_num(gpu)),
-                     h(_num(metrics.get(M.KV_CACHE_USAGE_PEAK_PERCENT))),
-                     h(_num(_m(curve_metrics, M.OUTPUT_THROUGHPUT))), h(_ms(_m(curve_metrics, M.ITL_MS))),
-                     _verdict(_m(curve, "verdict")), _long(why)])
-        classes.append("best" if best and trial.get("name") == best else "")
+def _trials(status: BatchTuningStatus) -> str:
+    trials = status.trials
+    best = status.best_trial
+    rows = [_trial_row(trial) for trial in trials[:MAX_TABLE_ROWS]]
+    classes = ["best" if best and trial.name == best else "" for trial in trials[:MAX_TABLE_ROWS]]
     out = [f"<h2>Trials</h2><p class=\"sub\">{len(trials)} trials; latencies at the SLO percentile; the bold row "
            "is the chosen one. SLO capacity is the highest load the trial's search found within every SLO.</p>",
            _trial_table(rows, classes) if rows else '<p class="muted">No trial has started yet.</p>']
     if len(trials) > MAX_TABLE_ROWS:
         out.append(f'<p class="muted">{len(trials) - MAX_TABLE_ROWS} more trials in trials.csv.</p>')
     return "".join(out)
+
+
+def _trial_row(trial: TrialRecord) -> list[str]:
+    """One row of TRIAL_HEAD, already escaped."""
+    setting, metrics = trial.setting, trial.metrics or {}
+    curve = curve_step(trial)
+    curve_metrics = (curve.metrics if curve else None) or {}
+    gpu = metrics.get(M.SM_ACTIVE_PERCENT, metrics.get(M.GPU_UTIL_PERCENT))
+    why = str(trial.verdict_reason or trial.message or trial.reason or "")
+    return [h(trial.name), h(setting.max_num_seqs), h(setting.gpu_memory_utilization_percent),
+            h(setting.max_num_batched_tokens), h(trial.state), _verdict(trial.verdict),
+            h(_num(metrics.get(M.SLO_CAPACITY))), h(_num(metrics.get(M.SLO_CAPACITY_LOAD))),
+            h(_num(metrics.get(M.OUTPUT_THROUGHPUT))), h(_ms(metrics.get(M.TTFT_MS))),
+            h(_ms(metrics.get(M.ITL_MS))), h(_ms(metrics.get(M.E2E_MS))), h(_num(gpu)),
+            h(_num(metrics.get(M.KV_CACHE_USAGE_PEAK_PERCENT))),
+            h(_num(curve_metrics.get(M.OUTPUT_THROUGHPUT))), h(_ms(curve_metrics.get(M.ITL_MS))),
+            _verdict(curve.verdict if curve else None), _long(why)]
 
 
 def _trial_table(rows: list[list[str]], classes: list[str]) -> str:
@@ -241,79 +235,92 @@ def _trial_table(rows: list[list[str]], classes: list[str]) -> str:
     return f'<div class="wide">{table}</div>'
 
 
-def predictions(trial: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def predictions(trial: TrialRecord) -> Mapping[str, float] | None:
     """The twin's prediction of a trial's metrics (strategy TwinGuided: `prediction.metrics`, the same keys as
-    `metrics`; `predicted` is read too). None: not predicted."""
-    for found in (trial.get("predicted"), _m(trial, "prediction", "metrics")):
-        if isinstance(found, Mapping) and found:
-            return found
-    return None
+    `metrics`). None: not predicted."""
+    return trial.prediction.metrics if trial.prediction is not None and trial.prediction.metrics else None
 
 
-def _predicted(bt: Mapping[str, Any]) -> str:  # noqa: C901
-    status = _d(bt, "status")
-    trials = [t for t in _list(status.get("trials")) if isinstance(t, Mapping)]
-    notes = [str(n) for n in _list(_m(status, "plan", "notes"))]
+def _predicted(status: BatchTuningStatus) -> str:
+    return "".join(["<h2>Predicted against measured</h2>", _prefilter(status), _calibration(status),
+                    _performance(status.trials)])
+
+
+def _prefilter(status: BatchTuningStatus) -> str:
+    """The twin's memory prefilter: which settings it let through, and whether they fitted when tried."""
+    notes = status.plan.notes if status.plan else []
     prefilter = next((n for n in notes if n.startswith("memory prefilter")), None)
     used = prefilter is not None and not prefilter.startswith("memory prefilter skipped")
-    out = ["<h2>Predicted against measured</h2>", "<h3>The twin's memory prefilter</h3>"]
     if prefilter is None:
         prefilter = next((n for n in notes if "prefilter" in n), "")
-    out.append(f"<p>{h(prefilter) or 'No prefilter note in this status.'}</p>")
-    if used:
-        rows, misses = [], 0
-        for trial in trials[:MAX_TABLE_ROWS]:
-            reason = trial.get("reason")
-            state = trial.get("state")
-            if reason in MEMORY_FAILURES:
-                measured, agree = f"did not fit: {reason}", "no"
-                misses += 1
-            elif state in ("Done",) or trial.get("readyAt"):
-                measured, agree = "started and served", "yes"
-            elif state in ("Failed", "Infeasible"):
-                measured, agree = f"{state}: {reason}", "unknown"
-            else:
-                measured, agree = str(state or ""), ""
-            rows.append([h(trial.get("name")), h(_setting(trial.get("setting"))), "fits", h(measured), h(agree)])
-        pruned = [p for p in _list(status.get("pruned")) if isinstance(p, Mapping)]
-        memory = [p for p in pruned if p.get("reason") == Reason.DOES_NOT_FIT_MEMORY]
-        out.append(f"<p>{len(trials)} settings tried, all predicted to fit; {misses} did not. "
-                   f"{len(memory)} settings predicted not to fit were never tried (no GPU time spent on them).</p>")
-        if rows:
-            out.append(_table(["trial", "setting", "twin predicted", "measured", "agree"], rows))
-        if memory:
-            out.append(_table(["setting", "twin predicted", "why"],
-                              [[h(_setting(p.get("setting"))), "does not fit", h(p.get("message") or p.get("memoryReason"))]
-                               for p in memory[:MAX_TABLE_ROWS]]))
-    out.append(_calibration(status))
-    predicted = [(t, p) for t in trials if (p := predictions(t)) is not None]
-    out.append("<h3>The twin's performance predictions</h3>")
+    out = ["<h3>The twin's memory prefilter</h3>", f"<p>{h(prefilter) or 'No prefilter note in this status.'}</p>"]
+    if not used:
+        return "".join(out)
+    trials = status.trials
+    rows, misses = [], 0
+    for trial in trials[:MAX_TABLE_ROWS]:
+        measured, agree = _fitted(trial)
+        misses += agree == "no"
+        rows.append([h(trial.name), h(_setting(trial.setting)), "fits", h(measured), h(agree)])
+    memory = [p for p in status.pruned if p.reason == Reason.DOES_NOT_FIT_MEMORY]
+    out.append(f"<p>{len(trials)} settings tried, all predicted to fit; {misses} did not. "
+               f"{len(memory)} settings predicted not to fit were never tried (no GPU time spent on them).</p>")
+    if rows:
+        out.append(_table(["trial", "setting", "twin predicted", "measured", "agree"], rows))
+    if memory:
+        out.append(_table(["setting", "twin predicted", "why"],
+                          [[h(_setting(p.setting)), "does not fit", h(p.message or p.memory_reason)]
+                           for p in memory[:MAX_TABLE_ROWS]]))
+    return "".join(out)
+
+
+def _fitted(trial: TrialRecord) -> tuple[str, str]:
+    """(what the trial found about memory, whether that agrees with the prefilter's "fits")."""
+    if trial.reason in MEMORY_FAILURES:
+        return f"did not fit: {trial.reason}", "no"
+    if trial.state == TrialState.DONE or trial.ready_at:
+        return "started and served", "yes"
+    if trial.state in (TrialState.FAILED, TrialState.INFEASIBLE):
+        return f"{trial.state}: {trial.reason}", "unknown"
+    return str(trial.state or ""), ""
+
+
+def _performance(trials: Sequence[TrialRecord]) -> str:
+    """The twin's performance predictions against what the trials measured."""
+    predicted = [(t, twin) for t in trials if (twin := predictions(t)) is not None]
+    out = ["<h3>The twin's performance predictions</h3>"]
     if not predicted:
         out.append('<p class="muted">No trial carries a performance prediction (the strategy did not predict '
                    "with the twin).</p>")
-    else:
-        rows = []
-        for trial, pred in predicted[:MAX_TABLE_ROWS]:
-            # TwinGuided predicts the figures at its predicted capacity, where the trial's first step ran:
-            # that step is what the prediction is held against (else the trial's own figures).
-            steps = [s for s in _list(trial.get("steps")) if isinstance(s, Mapping) and s.get("purpose") != "Curve"]
-            at = _m(trial, "prediction", "capacityLoad")
-            # Of the steps at that load (a short bracketing one, then the full window), the full window's.
-            at_load = [s for s in steps if at is not None and s.get("load") == at]
-            first = next((s for s in at_load if s.get("purpose") != "Bracket"), at_load[0] if at_load else None)
-            figures = _d(first, "metrics") if first is not None else _d(trial, "metrics")
-            for key, words, unit in COMPARED:
-                p, m = pred.get(key), figures.get(key)
-                if not _num(p) and not _num(m):
-                    continue
-                error = ""
-                if _num(p) and _num(m) and m:
-                    error = f"{100 * (p - m) / abs(m):+.1f}%"
-                rows.append([h(trial.get("name")), h(_setting(trial.get("setting"))), h(f"{words} ({unit})"),
-                             h(_num(p)), h(_num(m)), h(error)])
-        out.append(_table(["trial", "setting", "figure", "predicted", "measured", "error"], rows,
-                          numeric=frozenset({3, 4, 5})))
+        return "".join(out)
+    rows = []
+    for trial, pred in predicted[:MAX_TABLE_ROWS]:
+        figures = _predicted_figures(trial)
+        for key, words, unit in COMPARED:
+            p, m = pred.get(key), figures.get(key)
+            if not _num(p) and not _num(m):
+                continue
+            error = ""
+            if p is not None and m and _num(p) and _num(m):
+                error = f"{100 * (p - m) / abs(m):+.1f}%"
+            rows.append([h(trial.name), h(_setting(trial.setting)), h(f"{words} ({unit})"),
+                         h(_num(p)), h(_num(m)), h(error)])
+    out.append(_table(["trial", "setting", "figure", "predicted", "measured", "error"], rows,
+                      numeric=frozenset({3, 4, 5})))
     return "".join(out)
+
+
+def _predicted_figures(trial: TrialRecord) -> Mapping[str, float]:
+    """What a prediction is held against: TwinGuided predicts the figures at its predicted capacity, where the
+    trial's first step ran (else the trial's own figures)."""
+    at = trial.prediction.capacity_load if trial.prediction else None
+    # Of the steps at that load (a short bracketing one, then the full window), the full window's.
+    at_load = [s for s in trial.steps if s.purpose != StepPurpose.CURVE and at is not None and s.load == at]
+    first: LoadStepRecord | None = next((s for s in at_load if s.purpose != StepPurpose.BRACKET),
+                                        at_load[0] if at_load else None)
+    if first is not None:
+        return first.metrics or {}
+    return trial.metrics or {}
 
 
 MODE_WORDS = {
@@ -323,116 +330,119 @@ MODE_WORDS = {
 }
 
 
-def _calibration(status: Mapping[str, Any]) -> str:
+def _calibration(status: BatchTuningStatus) -> str:
     """Strategy TwinGuided: the calibration's verdict, why, and what the search does with it."""
-    twin = _d(status, "twin")
-    if not twin:
+    twin = status.twin
+    if twin is None:
         return ""
-    verdict = str(twin.get("verdict") or "unknown")
-    mode = str(twin.get("mode") or "")
+    verdict = str(twin.verdict or "unknown")
+    mode = str(twin.mode or "")
     css = "Met" if verdict in ("Trusted", "Nominal") else "Violated"
     out = ["<h3>The twin's calibration</h3>",
-           f'<p>Verdict <span class="{css}">{h(verdict)}</span> on {h(twin.get("observations") or 0)} measured load '
+           f'<p>Verdict <span class="{css}">{h(verdict)}</span> on {h(twin.observations)} measured load '
            f"step(s); {h(MODE_WORDS.get(mode, mode or 'no decision recorded'))}.</p>"]
     if verdict == "Untrusted":
         out.append("<p>An Untrusted calibration's predictions missed the measurements it was fitted on (or needed "
                    "a parameter past its physical bound): no trial was chosen by it while it stayed Untrusted.</p>")
-    if twin.get("reason"):
-        out.append(f"<p>{_long(str(twin['reason']), 1000)}</p>")
-    parameters = _d(twin, "parameters")
-    if parameters:
-        out.append(_table(["fitted parameter", "value"], [[h(k), h(_num(v))] for k, v in list(parameters.items())[:40]],
+    if twin.reason:
+        out.append(f"<p>{_long(twin.reason, 1000)}</p>")
+    if twin.parameters:
+        out.append(_table(["fitted parameter", "value"],
+                          [[h(k), h(_num(v))] for k, v in list(twin.parameters.items())[:40]],
                           numeric=frozenset({1})))
     return "".join(out)
 
 
-def _workload(bt: Mapping[str, Any]) -> str:
-    spec = _d(bt, "spec")
-    status = _d(bt, "status")
-    load = _d(spec, "load")
-    workload = _d(status, "workload")
-    slo = _d(spec, "slo")
-    plan = _d(status, "plan")
-    percentile = slo.get("percentile") or "P95"
-    targets = ", ".join(f"{percentile} {name} {slo[key]} ms" for key, name in (
-        ("ttftMilliseconds", "TTFT"), ("interTokenLatencyMilliseconds", "inter-token latency"),
-        ("e2eLatencyMilliseconds", "end-to-end latency")) if slo.get(key))
-    source = workload.get("source")
-    measured = source == "production"
-    origin = {"production": "production's measured profile, mean", "spec": "spec.load",
-              "trace": "the trace"}.get(str(source), f"from {source}" if source else "spec.load")
-    tokens = (f"{workload.get('inputTokens')} prompt / {workload.get('outputTokens')} output tokens per request "
-              f"({origin})" if workload.get("inputTokens") else
-              f"{load.get('inputTokens', 512)} prompt / {load.get('outputTokens', 128)} output tokens per request "
-              "(spec.load)")
-    if measured and workload.get("requestsPerSecond") is not None:
-        rate = (f"{_num(workload['requestsPerSecond'])} req/s mean, {_num(workload.get('peakRequestsPerSecond'))} "
-                f"req/s peak over {workload.get('lookbackSeconds')} s"
-                + (f" ({workload['replicas']} replicas together)" if workload.get("replicas") else ""))
-    elif measured and workload.get("requestsPerMinute"):
-        rate = f"{workload['requestsPerMinute']} requests/min over the lookback"
+def _workload(tuning: Tuning) -> str:
+    spec, status = tuning.spec, tuning.status
+    load, slo = spec.load, spec.slo
+    workload = status.workload or WorkloadRecord()
+    plan = status.plan or PlanRecord()
+    targets = ", ".join(f"{slo.percentile} {name} {target} ms" for name, target in (
+        ("TTFT", slo.ttft_milliseconds), ("inter-token latency", slo.inter_token_latency_milliseconds),
+        ("end-to-end latency", slo.e2e_latency_milliseconds)) if target)
+    if load.concurrency:
+        search_load = f"{load.concurrency} concurrent requests (spec.load.concurrency)"
+    elif load.requests_per_minute:
+        search_load = f"{load.requests_per_minute} requests/min (spec.load.requestsPerMinute)"
     else:
-        rate = ""
-    if load.get("concurrency"):
-        search_load = f"{load['concurrency']} concurrent requests (spec.load.concurrency)"
-    elif load.get("requestsPerMinute"):
-        search_load = f"{load['requestsPerMinute']} requests/min (spec.load.requestsPerMinute)"
-    else:
-        search_load = "searched per trial (SLO capacity)" if _m(spec, "objective", "type") in (None, "SloCapacity") \
-            else "each trial's max-num-seqs in flight"
+        search_load = ("searched per trial (SLO capacity)" if spec.objective.type == ObjectiveType.SLO_CAPACITY
+                       else "each trial's max-num-seqs in flight")
     out = ["<h2>The workload this decision holds for</h2>",
            '<p class="sub">A setting is best for a workload: this is the one the trials ran, and the decision '
            "holds while production's traffic looks like it.</p>",
            _dl([
-               ("Workload", h(workload.get("summary"))),
-               ("Model", h(plan.get("model"))), ("GPU", h(plan.get("gpuProduct"))),
-               ("Request shape", h(tokens)),
-               ("Production's rate", h(rate)),
-               ("Load of the search", h(search_load)), ("Load generator", h(load.get("generator") or "Builtin")),
-               ("Curves' common load", h(_curve_words(plan.get("curveLoad")))),
-               ("SLO", h(f"{targets}; errors at most {slo.get('maxErrorRatePercent', 1)}%; "
-                         f"{slo.get('headroomPercent', 10)}% headroom") if targets else ""),
-               ("Objective", h(_m(spec, "objective", "type") or "SloCapacity")),
-               ("Strategy", h(_m(spec, "strategy", "type") or "Adaptive")),
-               ("GPU time", h(f"{status.get('gpuMinutes')} GPU-minutes") if status.get("gpuMinutes") is not None
-                else ""),
+               ("Workload", h(workload.summary)),
+               ("Model", h(plan.model)), ("GPU", h(plan.gpu_product)),
+               ("Request shape", h(_request_shape(tuning, workload))),
+               ("Production's rate", h(_production_rate(workload))),
+               ("Load of the search", h(search_load)), ("Load generator", h(load.generator)),
+               ("Curves' common load", h(_curve_words(plan.curve_load))),
+               ("SLO", h(f"{targets}; errors at most {slo.max_error_rate_percent}%; "
+                         f"{slo.headroom_percent}% headroom") if targets else ""),
+               ("Objective", h(spec.objective.type)),
+               ("Strategy", h(spec.strategy.type)),
+               ("GPU time", h(f"{status.gpu_minutes} GPU-minutes")),
            ])]
     return "".join(out)
 
 
-def _curve_words(curve: Any) -> str:
-    if not isinstance(curve, Mapping):
+def _request_shape(tuning: Tuning, workload: WorkloadRecord) -> str:
+    """Tokens per request: the workload the trials ran where one was recorded, else spec.load's."""
+    source = workload.source
+    origin = {"production": "production's measured profile, mean", "spec": "spec.load",
+              "trace": "the trace"}.get(str(source), f"from {source}" if source else "spec.load")
+    if workload.input_tokens:
+        return (f"{workload.input_tokens} prompt / {workload.output_tokens} output tokens per request "
+                f"({origin})")
+    load = tuning.spec.load
+    return f"{load.input_tokens} prompt / {load.output_tokens} output tokens per request (spec.load)"
+
+
+def _production_rate(workload: WorkloadRecord) -> str:
+    """Production's measured request rate; empty when the workload was not measured in production."""
+    if workload.source != "production":
         return ""
-    if curve.get("requestsPerMinute"):
-        return f"{curve['requestsPerMinute']} requests/min ({curve.get('source', '')})"
-    if curve.get("concurrency"):
-        return f"{curve['concurrency']} concurrent requests ({curve.get('source', '')})"
+    if workload.requests_per_second is not None:
+        return (f"{_num(workload.requests_per_second)} req/s mean, {_num(workload.peak_requests_per_second)} "
+                f"req/s peak over {workload.lookback_seconds} s"
+                + (f" ({workload.replicas} replicas together)" if workload.replicas else ""))
+    if workload.requests_per_minute:
+        return f"{workload.requests_per_minute} requests/min over the lookback"
     return ""
 
 
-def _conditions(bt: Mapping[str, Any]) -> str:
-    conditions = [c for c in _list(_m(bt, "status", "conditions")) if isinstance(c, Mapping)]
-    if not conditions:
+def _curve_words(curve: CurveLoadRecord | None) -> str:
+    if curve is None:
         return ""
-    rows = [[h(c.get("type")), h(c.get("status")), h(c.get("reason")), h(c.get("message")),
-             h(c.get("lastTransitionTime"))] for c in conditions]
+    if curve.requests_per_minute:
+        return f"{curve.requests_per_minute} requests/min ({curve.source})"
+    if curve.concurrency:
+        return f"{curve.concurrency} concurrent requests ({curve.source})"
+    return ""
+
+
+def _conditions(status: BatchTuningStatus) -> str:
+    if not status.conditions:
+        return ""
+    rows = [[h(c.type), h(c.status), h(c.reason), h(c.message), h(_time(c.last_transition_time))]
+            for c in status.conditions]
     return "<h2>Conditions</h2>" + _table(["type", "status", "reason", "message", "since"], rows)
 
 
-def html_report(bt: Mapping[str, Any], png: bytes | None, generated: str = "",
+def html_report(tuning: Tuning, png: bytes | None, generated: str = "",
                 no_image: str = "The curves image was not rendered (see the operator's log).") -> str:
-    """The whole page for one BatchTuning (its metadata, spec and status) and its curves image; `no_image`
-    says why there is none."""
-    meta = _d(bt, "metadata")
-    status = _d(bt, "status")
-    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    target = _m(bt, "spec", "targetRef", "name")
-    phase = status.get("phase") or "Pending"
-    sub = f"Target Deployment {target}" + (f" · generated {generated}" if generated else "")
+    """The whole page for one BatchTuning (its names, spec and status, parsed once by the caller) and its curves
+    image; `no_image` says why there is none."""
+    status = tuning.status
+    name = f"{tuning.namespace}/{tuning.name}"
+    phase = status.phase or "Pending"
+    sub = f"Target Deployment {tuning.spec.target_ref.name}" + (f" · generated {generated}" if generated else "")
     body = "".join([
         f"<h1>BatchTuning {h(name)} <span class=\"badge {h(phase)}\">{h(phase)}</span></h1>",
         f'<p class="sub">{h(sub)}</p>',
-        _decision(bt), _curves(bt, png, no_image), _trials(bt), _predicted(bt), _workload(bt), _conditions(bt),
+        _decision(status), _curves(tuning, png, no_image), _trials(status), _predicted(status), _workload(tuning),
+        _conditions(status),
         '<p class="muted">Written by batchtune. Self-contained: no script, no external resource.</p>',
     ])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

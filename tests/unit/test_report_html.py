@@ -12,8 +12,9 @@ from html.parser import HTMLParser
 import pytest
 from fake_world import World, production_target, reset_backoff, spec
 
+from batchtune.api.models import Condition, ContainerArgs, Knee, PrunedSetting, Setting, TrialPrediction, WorkloadRecord
 from batchtune.controller.reports import CONFIGMAP_BUDGET_BYTES, configmap
-from batchtune.report import curve_picture, curves_png
+from batchtune.report import Tuning, curve_picture, curves_png
 from batchtune.report_html import CSP, html_report, predictions
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
@@ -38,6 +39,11 @@ def tuned() -> dict:
     return json.loads(_tuned())
 
 
+def typed(bt: dict) -> Tuning:
+    """The BatchTuning parsed once, as the CLI and the report writer parse it before rendering."""
+    return Tuning.from_wire(bt["metadata"]["namespace"], bt["metadata"]["name"], bt["spec"], bt["status"])
+
+
 class Page(HTMLParser):
     def __init__(self, text: str) -> None:
         super().__init__(convert_charrefs=True)
@@ -58,7 +64,7 @@ class Page(HTMLParser):
 
 def test_the_page_has_the_decision_curves_trials_predictions_and_workload():
     bt = tuned()
-    page = html_report(bt, PNG, "2026-12-01 08:00 UTC")
+    page = html_report(typed(bt), PNG, "2026-12-01 08:00 UTC")
     parsed = Page(page)
     text = " ".join(parsed.text)
     for heading in ("Decision", "Curves", "Trials", "Predicted against measured", "The workload this decision holds for"):
@@ -87,44 +93,47 @@ def test_a_measured_production_workload_is_shown_with_its_rates():
     bt["status"]["workload"] = {"source": "production", "summary": "production over 3600s: chat, 2.5 req/s",
                                 "inputTokens": 300, "outputTokens": 100, "requestsPerSecond": 2.5,
                                 "peakRequestsPerSecond": 4.0, "lookbackSeconds": 3600, "replicas": 2}
-    text = " ".join(Page(html_report(bt, PNG)).text)
+    text = " ".join(Page(html_report(typed(bt), PNG)).text)
     assert "production over 3600s: chat, 2.5 req/s" in text
     assert "300 prompt / 100 output tokens per request (production's measured profile, mean)" in text
     assert "2.5 req/s mean, 4 req/s peak over 3600 s (2 replicas together)" in text
 
 
 def test_nothing_from_the_batchtuning_becomes_markup_or_script():
-    bt = tuned()
-    status = bt["status"]
-    bt["metadata"] = {"name": EVIL, "namespace": EVIL}
-    bt["spec"]["targetRef"]["name"] = EVIL
-    bt["spec"]["load"]["generator"] = EVIL
-    status["phase"] = EVIL
-    status["bestSetting"] = EVIL
-    status["knee"] = {"maxNumSeqs": EVIL, "reason": EVIL}
-    status["recommendation"]["reason"] = EVIL
-    status["recommendation"]["args"] = [EVIL, "--max-num-seqs", EVIL]
-    status["recommendation"]["replicasHint"] = EVIL
-    status["baseline"]["args"] = [EVIL]
-    status["applied"]["previous"] = {"args": [EVIL]}
-    status["conditions"].append({"type": EVIL, "status": "True", "reason": EVIL, "message": EVIL,
-                                 "lastTransitionTime": EVIL})
-    status["plan"]["notes"] = ["memory prefilter: " + EVIL]
-    status["plan"]["model"] = status["plan"]["gpuProduct"] = EVIL
-    status["plan"]["curveLoad"]["source"] = EVIL
-    status["workload"] = {"inputTokens": EVIL, "outputTokens": EVIL, "requestsPerMinute": EVIL, "source": EVIL}
-    status["pruned"] = [{"setting": {"maxNumSeqs": EVIL, "gpuMemoryUtilizationPercent": EVIL},
-                         "reason": "DoesNotFitMemory", "message": EVIL}]
-    for trial in status["trials"]:
-        trial.update(name=EVIL, message=EVIL, verdictReason=EVIL, reason=EVIL, state=EVIL)
-        trial["setting"]["maxNumBatchedTokens"] = EVIL
-        trial["predicted"] = {"itlMs": 10.0}
-    status["trials"][0]["state"] = "Done"
-    status["trials"][0].pop("curveStep")
-    status["trials"][0]["steps"][-1].update(verdictReason=EVIL, verdict=EVIL)
-    status["trials"][0]["steps"][-1].pop("metrics")
-    status["bestTrial"] = EVIL
-    page = html_report(bt, PNG, EVIL)
+    # The typed parse refuses a string in a number or enum field; the renderer must escape it all the same, so the
+    # forged values are set past validation (model_copy, model_construct).
+    tuning = typed(tuned())
+    spec, status = tuning.spec, tuning.status
+    spec = spec.model_copy(update={"target_ref": spec.target_ref.model_copy(update={"name": EVIL}),
+                                   "load": spec.load.model_copy(update={"generator": EVIL})})
+    assert status.recommendation and status.baseline and status.applied and status.plan and status.plan.curve_load
+    trials = []
+    for trial in status.trials:
+        trials.append(trial.model_copy(update={
+            "name": EVIL, "message": EVIL, "verdict_reason": EVIL, "reason": EVIL, "state": EVIL,
+            "setting": trial.setting.model_copy(update={"max_num_batched_tokens": EVIL}),
+            "prediction": TrialPrediction(objective=1.0, metrics={"itlMs": 10.0})}))
+    steps = trials[0].steps
+    steps[-1] = steps[-1].model_copy(update={"verdict_reason": EVIL, "verdict": EVIL, "metrics": None})
+    trials[0] = trials[0].model_copy(update={"state": "Done", "curve_step": None, "steps": steps})
+    plan = status.plan.model_copy(update={"notes": ["memory prefilter: " + EVIL], "model": EVIL, "gpu_product": EVIL,
+                                          "curve_load": status.plan.curve_load.model_copy(update={"source": EVIL})})
+    status = status.model_copy(update={
+        "phase": EVIL, "best_setting": EVIL, "best_trial": EVIL, "trials": trials, "plan": plan,
+        "knee": Knee.model_construct(max_num_seqs=EVIL, reason=EVIL),
+        "recommendation": status.recommendation.model_copy(update={
+            "reason": EVIL, "args": [EVIL, "--max-num-seqs", EVIL], "replicas_hint": EVIL}),
+        "baseline": status.baseline.model_copy(update={"args": [EVIL]}),
+        "applied": status.applied.model_copy(update={"previous": ContainerArgs(args=[EVIL])}),
+        "conditions": [*status.conditions, Condition.model_construct(
+            type=EVIL, status="True", reason=EVIL, message=EVIL, last_transition_time=EVIL)],
+        "workload": WorkloadRecord.model_construct(input_tokens=EVIL, output_tokens=EVIL, requests_per_minute=EVIL,
+                                                   source=EVIL),
+        "pruned": [PrunedSetting.model_construct(
+            setting=Setting.model_construct(max_num_seqs=EVIL, gpu_memory_utilization_percent=EVIL),
+            reason="DoesNotFitMemory", message=EVIL)],
+    })
+    page = html_report(Tuning(EVIL, EVIL, spec, status), PNG, EVIL)
     parsed = Page(page)
     assert {t for t, _ in parsed.tags} <= TAGS
     assert parsed.count("img") == 1 and parsed.count("script") == 0 and parsed.count("iframe") == 0
@@ -146,7 +155,7 @@ def test_a_done_trial_without_a_common_load_reading_is_named_not_drawn_elsewhere
     curve = next(s for s in trial["steps"] if s.get("purpose") == "Curve")
     curve.pop("metrics")
     curve.update(verdict="Unknown", verdictReason="not measured at the common load: LoadGeneratorFailed: 3 attempts")
-    picture = curve_picture(bt["status"]["trials"], bt["status"]["plan"]["curveLoad"])
+    picture = curve_picture(typed(bt).status.trials, typed(bt).curve_load)
     assert trial["name"] not in [p.name for p in picture.points]
     assert len(picture.points) == len(bt["status"]["trials"]) - 1
     assert picture.missing == [f"{trial['name']} (seqs 16, gmu 90%): not measured at the common load: "
@@ -156,7 +165,7 @@ def test_a_done_trial_without_a_common_load_reading_is_named_not_drawn_elsewhere
         source = next(t for t in bt["status"]["trials"] if t["name"] == point.name)
         assert point.metrics == source["steps"][source["curveStep"]]["metrics"]
         assert source["steps"][source["curveStep"]]["load"] == 600
-    text = " ".join(Page(html_report(bt, PNG)).text)
+    text = " ".join(Page(html_report(typed(bt), PNG)).text)
     assert "LoadGeneratorFailed: 3 attempts" in text and "Not drawn" in text
 
 
@@ -172,11 +181,10 @@ def test_a_status_without_a_common_load_says_so(off, says):
         trial["steps"] = [s for s in trial["steps"] if s.get("purpose") != "Curve"]
     if off:
         bt["spec"]["report"] = {"curveLoad": {"type": "Off"}}
-    picture = curve_picture(bt["status"]["trials"], None, off)
+    picture = curve_picture(typed(bt).status.trials, None, off)
     assert picture.points == [] and says in picture.why_none
-    assert says in " ".join(Page(html_report(bt, PNG)).text)
-    png = curves_png(bt["status"]["trials"], chosen=bt["status"]["bestTrial"], knee_seqs=None,
-                     slo=bt["spec"]["slo"], curve_load=None, curves_off=off)
+    assert says in " ".join(Page(html_report(typed(bt), PNG)).text)
+    png = curves_png(typed(bt))
     assert png.startswith(b"\x89PNG")
 
 
@@ -194,18 +202,18 @@ def test_a_latency_beyond_the_histogram_is_drawn_at_a_ceiling_and_named_in_the_t
     step = smallest["steps"][smallest["curveStep"]]
     step["metrics"].update(ttftMs=BEYOND_LAST_BUCKET_MS, itlMs=BEYOND_LAST_BUCKET_MS)
     step["verdict"] = "Violated"
-    picture = curve_picture(trials, bt["status"]["plan"]["curveLoad"])
+    picture = curve_picture(typed(bt).status.trials, typed(bt).curve_load)
     finite = max(v for p in picture.points for k, v in p.metrics.items()
                  if k in ("ttftMs", "itlMs", "e2eMs") and v < BEYOND_LAST_BUCKET_MS)
-    ceiling = latency_ceiling(picture.points, bt["spec"]["slo"])
+    ceiling = latency_ceiling(picture.points, typed(bt).spec.slo)
     assert ceiling == 4 * max(finite, *(v for k, v in bt["spec"]["slo"].items() if k.endswith("Milliseconds")))
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
-    curves_png(trials, chosen=None, knee_seqs=None, slo=bt["spec"]["slo"], curve_load=bt["status"]["plan"]["curveLoad"])
+    curves_png(typed(bt))
     latency_axis = figures[0].axes[2]
     assert latency_axis.get_ylim()[1] <= ceiling * 4 < BEYOND_LAST_BUCKET_MS / 1000
     assert any("beyond the latency histogram" in t.get_text() for t in latency_axis.texts)
-    text = " ".join(Page(html_report(bt, PNG)).text)
+    text = " ".join(Page(html_report(typed(bt), PNG)).text)
     assert "beyond histogram" in text and "1,000,000,000,000" not in text
 
 
@@ -215,8 +223,8 @@ def test_the_curves_image_survives_hostile_text():
     trial.pop("curveStep")
     next(s for s in trial["steps"] if s.get("purpose") == "Curve").update(verdictReason="$\\frac{1}{0}$ $x^$ " + EVIL)
     bt["status"]["plan"]["curveLoad"]["source"] = "$\\undefined{$ " + EVIL
-    png = curves_png(bt["status"]["trials"], chosen=EVIL, knee_seqs=16, slo=bt["spec"]["slo"], title="$_$" + EVIL,
-                     curve_load=bt["status"]["plan"]["curveLoad"])
+    bt["status"].update(bestTrial=EVIL, knee={"maxNumSeqs": 16, "reason": EVIL})
+    png = curves_png(typed(bt), title="$_$" + EVIL)
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
 
 
@@ -224,15 +232,17 @@ def test_twin_predictions_slot_in_where_a_trial_carries_them():
     bt = tuned()
     trial = bt["status"]["trials"][2]
     measured = trial["metrics"]["itlMs"]
-    trial["predicted"] = {"itlMs": measured * 1.1, "sloCapacity": trial["metrics"]["sloCapacity"]}
-    bt["status"]["trials"][3]["prediction"] = {"metrics": {"outputThroughput": 1.0}}
-    assert predictions(trial) == trial["predicted"]
-    assert predictions(bt["status"]["trials"][3]) == {"outputThroughput": 1.0}
-    assert predictions(bt["status"]["trials"][0]) is None
-    text = " ".join(Page(html_report(bt, PNG)).text)
+    trial["prediction"] = {"objective": 1.0,
+                           "metrics": {"itlMs": measured * 1.1, "sloCapacity": trial["metrics"]["sloCapacity"]}}
+    bt["status"]["trials"][3]["prediction"] = {"objective": 1.0, "metrics": {"outputThroughput": 1.0}}
+    trials = typed(bt).status.trials
+    assert predictions(trials[2]) == trial["prediction"]["metrics"]
+    assert predictions(trials[3]) == {"outputThroughput": 1.0}
+    assert predictions(trials[0]) is None
+    text = " ".join(Page(html_report(typed(bt), PNG)).text)
     assert "+10.0%" in text and "+0.0%" in text and "inter-token latency (ms)" in text
-    del trial["predicted"], bt["status"]["trials"][3]["prediction"]
-    assert "No trial carries a performance prediction" in " ".join(Page(html_report(bt, PNG)).text)
+    del trial["prediction"], bt["status"]["trials"][3]["prediction"]
+    assert "No trial carries a performance prediction" in " ".join(Page(html_report(typed(bt), PNG)).text)
 
 
 def test_a_twin_guided_prediction_is_held_against_the_first_step_it_predicted():
@@ -243,7 +253,7 @@ def test_a_twin_guided_prediction_is_held_against_the_first_step_it_predicted():
     trial["prediction"] = {"objective": 1.0, "capacityLoad": first["load"],
                            "metrics": {"outputThroughput": first["metrics"]["outputThroughput"] * 1.2}}
     assert first["metrics"]["outputThroughput"] != trial["metrics"]["outputThroughput"]  # not the deciding step
-    text = " ".join(Page(html_report(bt, PNG)).text)
+    text = " ".join(Page(html_report(typed(bt), PNG)).text)
     assert "+20.0%" in text
 
 
@@ -254,15 +264,14 @@ def test_the_memory_prefilter_is_held_against_what_the_trials_found():
     status["trials"][3].update(state="Infeasible", reason="KvCacheTooSmall", verdict="Violated")
     status["pruned"] = [{"setting": {"maxNumSeqs": 1024, "gpuMemoryUtilizationPercent": 90},
                          "reason": "DoesNotFitMemory", "message": "KV cache holds 301 sequences"}]
-    text = " ".join(Page(html_report(bt, PNG)).text)
+    text = " ".join(Page(html_report(typed(bt), PNG)).text)
     assert f"{len(status['trials'])} settings tried, all predicted to fit; 1 did not." in text
     assert "did not fit: KvCacheTooSmall" in text and "KV cache holds 301 sequences" in text
 
 
 def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte():
     bt = tuned()
-    png = curves_png(bt["status"]["trials"], chosen=bt["status"]["bestTrial"], knee_seqs=None,
-                     slo=bt["spec"]["slo"], curve_load=bt["status"]["plan"]["curveLoad"])
+    png = curves_png(typed(bt))
     body = configmap("inference", "tune", "uid-1", bt["spec"], bt["status"], png)
     page = body["data"]["report.html"]
     assert base64.b64encode(png).decode() in page and body["binaryData"]["curves.png"]
@@ -294,11 +303,11 @@ def test_the_twins_calibration_verdict_and_what_the_search_did_with_it():
     bt["status"]["twin"] = {"basis": "b", "verdict": "Untrusted", "mode": "measure", "observations": 4,
                             "reason": "2 of 8 residuals outside their tolerance; held at its physical bound <b>x</b>",
                             "parameters": {"bwScale": 1.1176}}
-    text = " ".join(Page(html_report(bt, None)).text)
+    text = " ".join(Page(html_report(typed(bt), None)).text)
     assert "The twin's calibration" in text and "Untrusted" in text
     assert "the twin does not steer: trials are chosen by measuring (Adaptive)" in text
     assert "no trial was chosen by it while it stayed Untrusted" in text
     assert "held at its physical bound <b>x</b>" in text  # escaped: text, not markup
     assert "bwScale" in text and "1.12" in text
     del bt["status"]["twin"]
-    assert "The twin's calibration" not in " ".join(Page(html_report(bt, None)).text)
+    assert "The twin's calibration" not in " ".join(Page(html_report(typed(bt), None)).text)

@@ -19,7 +19,9 @@ from batchtune.cli.status import add_common_arguments
 from batchtune.terminal import safe, text
 
 if TYPE_CHECKING:
+    from batchtune.api.models import BatchTuningStatus
     from batchtune.client import StoredReport
+    from batchtune.report import Tuning
 
 REPORT_FILES = ("curves.png", "trials.csv", "trials.json")
 HTML_FILE = "report.html"
@@ -53,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
         raw = kube.get_batchtuning(namespace, args.name)
         bt = st.typed(raw)  # the status parsed once: a forged one ends here, naming the field
         stored = kube.get_report(namespace, args.name)
+        files, source = report_files(bt, stored, html=args.html)
     except CliError as exc:
         print(f"error: {safe(exc)}", file=sys.stderr)
         return 1
     except InvalidBatchTuning as exc:
         print(st.status_error(raw, exc), file=sys.stderr)
         return 1
-    files, source = report_files(bt, stored, html=args.html)
     out_dir = args.out or Path(f"{args.name}-report")
     try:
         paths = write_files(out_dir, files)
@@ -96,18 +98,19 @@ def report_files(bt: Mapping[str, Any], stored: StoredReport | None,
     ConfigMaps in the namespace can write one by that name); report.html is always rendered here from status,
     never copied; what is not taken from the ConfigMap is drawn from status."""
     from batchtune import KIND
-    from batchtune.cli.view import typed
+    from batchtune.cli.view import reported, shown
 
-    bt = typed(bt)
+    view = shown(bt)
+    tuning = reported(bt, view)
     wanted = (*REPORT_FILES, HTML_FILE) if html else REPORT_FILES
-    configmap = f"ConfigMap {name_of(bt)}-report"
-    uid = (bt.get("metadata") or {}).get("uid")
-    owned = stored is not None and stored.owned_by(KIND, uid if isinstance(uid, str) else None)
+    configmap = f"ConfigMap {tuning.name}-report"
+    uid = view.uid
+    owned = stored is not None and stored.owned_by(KIND, uid)
     files = {name: stored.files[name] for name in REPORT_FILES if name in stored.files} if stored and owned else {}
     files = {name: data for name, data in files.items() if name in wanted}
     if len(files) == len(wanted):
         return files, f"from {configmap}"
-    drawn = from_status(bt, missing=[n for n in wanted if n not in files], png=files.get("curves.png"))
+    drawn = from_status(tuning, missing=[n for n in wanted if n not in files], png=files.get("curves.png"))
     files.update(drawn)
     if stored is None:
         source = "drawn from the BatchTuning's status; the operator has not written its report ConfigMap yet"
@@ -119,39 +122,33 @@ def report_files(bt: Mapping[str, Any], stored: StoredReport | None,
     return files, safe(source)
 
 
-def name_of(bt: Mapping[str, Any]) -> str:
-    return str((bt.get("metadata") or {}).get("name", ""))
-
-
-def from_status(bt: Mapping[str, Any], missing: list[str], png: bytes | None = None) -> dict[str, bytes]:
+def from_status(tuning: Tuning, missing: list[str], png: bytes | None = None) -> dict[str, bytes]:
     from datetime import UTC, datetime
 
     from batchtune import report
     from batchtune.report_html import html_report
 
-    status = bt.get("status") or {}
-    trials = status.get("trials") or []
-    slo = (bt.get("spec") or {}).get("slo") or {}
+    status = tuning.status
     out: dict[str, bytes] = {}
     if "trials.csv" in missing:
-        out["trials.csv"] = report.trials_csv(trials).encode()
+        out["trials.csv"] = report.trials_csv(status.trials).encode()
     if "trials.json" in missing:
-        summary = {k: status.get(k) for k in ("phase", "bestTrial", "bestSetting", "knee", "recommendation")
-                   if status.get(k) is not None}
-        out["trials.json"] = report.trials_json(trials, summary).encode()
+        out["trials.json"] = report.trials_json(status.trials, _summary(status)).encode()
     if "curves.png" in missing:
-        meta = bt.get("metadata") or {}
         out["curves.png"] = report.curves_png(
-            trials, chosen=status.get("bestTrial"), knee_seqs=(status.get("knee") or {}).get("maxNumSeqs"),
-            slo=slo, percentile=str(slo.get("percentile") or "P95"),
-            title=safe(f"{meta.get('namespace', '')}/{meta.get('name', '')}: target "
-                       f"{((bt.get('spec') or {}).get('targetRef') or {}).get('name', '')}"),
-            curve_load=(status.get("plan") or {}).get("curveLoad"),
-            curves_off=(((bt.get("spec") or {}).get("report") or {}).get("curveLoad") or {}).get("type") == "Off")
+            tuning, title=safe(f"{tuning.namespace}/{tuning.name}: target {tuning.spec.target_ref.name}"))
     if HTML_FILE in missing:
         generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        out[HTML_FILE] = html_report(bt, out.get("curves.png", png), generated).encode()
+        out[HTML_FILE] = html_report(tuning, out.get("curves.png", png), generated).encode()
     return out
+
+
+def _summary(status: BatchTuningStatus) -> dict[str, Any]:
+    """trials.json's summary: the decision's fields as status holds them, those set."""
+    wire = {"phase": status.phase, "bestTrial": status.best_trial, "bestSetting": status.best_setting,
+            "knee": status.knee.to_wire() if status.knee else None,
+            "recommendation": status.recommendation.to_wire() if status.recommendation else None}
+    return {k: v for k, v in wire.items() if v is not None}
 
 
 def write_files(out_dir: Path, files: Mapping[str, bytes]) -> list[Path]:

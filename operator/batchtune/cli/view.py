@@ -15,6 +15,7 @@ from batchtune.terminal import clean, safe
 if TYPE_CHECKING:
     from batchtune.api import InvalidBatchTuning
     from batchtune.api.models import BatchTuningStatus
+    from batchtune.report import Tuning
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,17 @@ def typed(bt: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid},
             "spec": clean(bt.get("spec") if isinstance(bt.get("spec"), dict) else {}),
             "status": view.status.to_wire() if view.written else {}}
+
+
+def reported(bt: Mapping[str, Any], view: Shown | None = None) -> Tuning:
+    """What the report is drawn from: the status parsed once (`view`, else `shown(bt)`) and the spec parsed by the
+    model; InvalidBatchTuning as `shown`, or naming a spec field."""
+    from batchtune.api import parse_spec
+    from batchtune.report import Tuning
+
+    view = view or shown(bt)
+    spec = bt.get("spec")
+    return Tuning(view.namespace, view.name, parse_spec(clean(spec if isinstance(spec, dict) else {})), view.status)
 
 
 def status_error(bt: Mapping[str, Any], exc: InvalidBatchTuning) -> str:

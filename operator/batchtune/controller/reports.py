@@ -37,26 +37,27 @@ def configmap(namespace: str, name: str, uid: str, spec: Mapping[str, Any], stat
     are in status), the image inside report.html (curves.png is beside it), report.html, curves.png, and last
     trials.json's trials. Each file left out is named in the log; `batchtune report --html` draws it from status.
     """
-    trials = list(status.get("trials") or [])
-    summary = {"bestTrial": status.get("bestTrial"), "reason": (status.get("recommendation") or {}).get("reason"),
-               "knee": status.get("knee"), "phase": status.get("phase"),
-               "curveLoad": (status.get("plan") or {}).get("curveLoad")}
-    bt = {"metadata": {"name": name, "namespace": namespace}, "spec": dict(spec), "status": dict(status)}
+    tuning = report.Tuning.from_wire(namespace, name, spec, status)
+    trials = tuning.status.trials
+    summary = _summary(tuning)
     data = {"trials.csv": report.trials_csv(trials), "trials.json": report.trials_json(trials, summary),
-            "report.html": html_report(bt, png, generated)}
+            "report.html": html_report(tuning, png, generated)}
     binary = {"curves.png": png} if png else {}
-    stepless = [{k: v for k, v in t.items() if k != "steps"} for t in trials]
+    wire = [t.to_wire() for t in trials]
 
     def compact_json() -> None:
-        data["trials.json"] = json.dumps({"summary": summary, "trials": trials}, separators=(",", ":"), sort_keys=True)
+        data["trials.json"] = json.dumps({"summary": summary, "trials": wire}, separators=(",", ":"), sort_keys=True)
 
     def stepless_json() -> None:
+        stepless = [t.model_copy(update={"steps": []}).to_wire() for t in trials]
+        for trial in stepless:
+            trial.pop("steps")
         data["trials.json"] = json.dumps({"summary": {**summary, "steps": "left out to fit the ConfigMap"},
                                           "trials": stepless}, separators=(",", ":"), sort_keys=True)
 
     def imageless_page() -> None:
-        data["report.html"] = html_report(bt, None, generated, "The curves image was left out of this page to fit "
-                                                               "the report ConfigMap: it is curves.png beside it.")
+        data["report.html"] = html_report(tuning, None, generated, "The curves image was left out of this page to "
+                                                                   "fit the report ConfigMap: it is curves.png beside it.")
 
     def summary_json() -> None:
         data["trials.json"] = json.dumps({"summary": {**summary, "trials": "left out to fit the ConfigMap"}},
@@ -85,20 +86,22 @@ def configmap(namespace: str, name: str, uid: str, spec: Mapping[str, Any], stat
     return body
 
 
+def _summary(tuning: report.Tuning) -> dict[str, Any]:
+    """trials.json's summary: the decision, and the common load the curves are drawn at."""
+    status = tuning.status
+    return {"bestTrial": status.best_trial, "reason": status.recommendation.reason if status.recommendation else None,
+            "knee": status.knee.to_wire() if status.knee else None, "phase": status.phase,
+            "curveLoad": tuning.curve_load.to_wire() if tuning.curve_load else None}
+
+
 def _size(data: Mapping[str, str], binary: Mapping[str, bytes]) -> int:
     # As the API server counts it: keys and values, binaryData by its decoded bytes.
     return sum(len(k) + len(v.encode()) for k, v in data.items()) + sum(len(k) + len(v) for k, v in binary.items())
 
 
 def render_png(name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> bytes | None:
-    slo = dict(spec.get("slo") or {})
     try:
-        return report.curves_png_isolated(list(status.get("trials") or []), chosen=status.get("bestTrial"),
-                                          knee_seqs=(status.get("knee") or {}).get("maxNumSeqs"), slo=slo,
-                                          percentile=str(slo.get("percentile", "P95")), title=f"BatchTuning {name}",
-                                          curve_load=(status.get("plan") or {}).get("curveLoad"),
-                                          curves_off=((spec.get("report") or {}).get("curveLoad") or {}).get("type")
-                                          == "Off")
+        return report.curves_png_isolated(report.Tuning.from_wire("", name, spec, status), title=f"BatchTuning {name}")
     except Exception as exc:  # noqa: BLE001  # the tables are still worth writing without the image
         log.warning("Curves for %s not rendered: %s", name, exc)
         return None
