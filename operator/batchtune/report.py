@@ -51,6 +51,8 @@ class Tuning:
     name: str
     spec: BatchTuningSpec
     status: BatchTuningStatus
+    written: bool = True
+    """Whether the operator has written any status yet (a fresh BatchTuning's report shows no GPU time)."""
 
     @classmethod
     def from_wire(cls, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> Tuning:
@@ -58,7 +60,7 @@ class Tuning:
         that does not parse."""
         from batchtune.api import parse_spec, parse_status
 
-        return cls(namespace, name, parse_spec(dict(spec)), parse_status(dict(status)))
+        return cls(namespace, name, parse_spec(dict(spec)), parse_status(dict(status)), written=bool(status))
 
     def to_wire(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "name": self.name, "spec": self.spec.to_wire(),

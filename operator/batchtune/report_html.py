@@ -382,7 +382,8 @@ def _workload(tuning: Tuning) -> str:
                          f"{slo.headroom_percent}% headroom") if targets else ""),
                ("Objective", h(spec.objective.type)),
                ("Strategy", h(spec.strategy.type)),
-               ("GPU time", h(f"{status.gpu_minutes} GPU-minutes")),
+               # float(): an unset gpuMinutes is the model's int default, which status writes as 0.0
+               ("GPU time", h(f"{float(status.gpu_minutes)} GPU-minutes") if tuning.written else ""),
            ])]
     return "".join(out)
 

@@ -242,48 +242,62 @@ def _qualified_name_error(key: str) -> str | None:
     return None
 
 
-def _metadata_errors(meta: dict[str, Any]) -> list[FieldError]:  # noqa: C901
+def _metadata_errors(meta: dict[str, Any]) -> list[FieldError]:
     """What the API server's ObjectMeta validation refuses for a namespaced custom resource."""
     out = [FieldError(f"metadata.{key}", MISSING, "unknown field") for key in meta if key not in METADATA_FIELDS]
-    dns = "DNS subdomain name (lowercase letters, digits, '-' and '.')"
-    name = meta.get("name")
-    if isinstance(name, str) and name:
-        problem = _dns_error(name, DNS_SUBDOMAIN, 253, dns)
-        if problem:
-            out.append(FieldError("metadata.name", name, problem))
-    generate = meta.get("generateName")
-    if isinstance(generate, str) and generate:
-        # The server appends five random characters, so a trailing '-' is fine.
-        problem = _dns_error(generate[:-1] + "a" if generate.endswith("-") else generate, DNS_SUBDOMAIN, 253, dns)
-        if problem:
-            out.append(FieldError("metadata.generateName", generate, problem))
-    namespace = meta.get("namespace")
-    if isinstance(namespace, str) and namespace:
-        problem = _dns_error(namespace, DNS_LABEL, 63, "DNS label (lowercase letters, digits and '-')")
-        if problem:
-            out.append(FieldError("metadata.namespace", namespace, problem))
+    out += _name_errors(meta)
     # Label and annotation errors name the map, with the key in the message, as the API server does.
     labels = meta.get("labels")
     if isinstance(labels, dict):
-        for key, value in labels.items():
-            problem = _qualified_name_error(key) if isinstance(key, str) else "must be a string"
-            if problem:
-                out.append(FieldError("metadata.labels", key, "a label key " + problem))
-            if isinstance(value, str) and (len(value) > 63 or not _LABEL_VALUE.match(value)):
-                out.append(FieldError("metadata.labels", value,
-                                      f"the value of label {key!r} must be at most 63 letters, digits, '-', '_' or "
-                                      "'.', starting and ending with a letter or digit"))
+        out += _label_errors(labels)
     annotations = meta.get("annotations")
     if isinstance(annotations, dict):
-        size = 0
-        for key, value in annotations.items():
-            problem = _qualified_name_error(key.lower()) if isinstance(key, str) else "must be a string"
-            if problem:
-                out.append(FieldError("metadata.annotations", key, "an annotation key " + problem))
-            size += len(str(key)) + (len(value) if isinstance(value, str) else 0)
-        if size > _MAX_ANNOTATIONS_BYTES:
-            out.append(FieldError("metadata.annotations", MISSING,
-                                  f"must be at most {_MAX_ANNOTATIONS_BYTES} bytes in all (keys and values)"))
+        out += _annotation_errors(annotations)
+    return out
+
+
+def _name_errors(meta: dict[str, Any]) -> list[FieldError]:
+    """metadata.name, generateName and namespace, each as the API server checks it."""
+    dns = "DNS subdomain name (lowercase letters, digits, '-' and '.')"
+    checks = (("name", DNS_SUBDOMAIN, 253, dns), ("generateName", DNS_SUBDOMAIN, 253, dns),
+              ("namespace", DNS_LABEL, 63, "DNS label (lowercase letters, digits and '-')"))
+    out = []
+    for key, pattern, limit, what in checks:
+        value = meta.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        # The server appends five random characters to generateName, so a trailing '-' is fine.
+        checked = value[:-1] + "a" if key == "generateName" and value.endswith("-") else value
+        problem = _dns_error(checked, pattern, limit, what)
+        if problem:
+            out.append(FieldError(f"metadata.{key}", value, problem))
+    return out
+
+
+def _label_errors(labels: dict[Any, Any]) -> list[FieldError]:
+    out = []
+    for key, value in labels.items():
+        problem = _qualified_name_error(key) if isinstance(key, str) else "must be a string"
+        if problem:
+            out.append(FieldError("metadata.labels", key, "a label key " + problem))
+        if isinstance(value, str) and (len(value) > 63 or not _LABEL_VALUE.match(value)):
+            out.append(FieldError("metadata.labels", value,
+                                  f"the value of label {key!r} must be at most 63 letters, digits, '-', '_' or "
+                                  "'.', starting and ending with a letter or digit"))
+    return out
+
+
+def _annotation_errors(annotations: dict[Any, Any]) -> list[FieldError]:
+    out = []
+    size = 0
+    for key, value in annotations.items():
+        problem = _qualified_name_error(key.lower()) if isinstance(key, str) else "must be a string"
+        if problem:
+            out.append(FieldError("metadata.annotations", key, "an annotation key " + problem))
+        size += len(str(key)) + (len(value) if isinstance(value, str) else 0)
+    if size > _MAX_ANNOTATIONS_BYTES:
+        out.append(FieldError("metadata.annotations", MISSING,
+                              f"must be at most {_MAX_ANNOTATIONS_BYTES} bytes in all (keys and values)"))
     return out
 
 
@@ -610,8 +624,17 @@ class _Builder:
         return out
 
 
-def _plain(text: str) -> tuple[Any, str | None]:  # noqa: C901
+def _plain(text: str) -> tuple[Any, str | None]:
     """An untagged, unquoted scalar as kubectl would send it, or (text, why it is refused)."""
+    for read in (_plain_word, _plain_integer, _plain_number):
+        found = read(text)
+        if found is not None:
+            return found
+    return text, None
+
+
+def _plain_word(text: str) -> tuple[Any, str | None] | None:
+    """Null and the booleans, refusing YAML 1.1's yes/no/on/off; None: not one of these words."""
     if text in _NULLS:
         return None, None
     if text in _TRUE:
@@ -622,6 +645,11 @@ def _plain(text: str) -> tuple[Any, str | None]:  # noqa: C901
         word = "true" if text in _YAML11_TRUE else "false"
         return text, (f"is read as the boolean {word} by kubectl (YAML 1.1) but as a string by YAML 1.2 readers: "
                       f"write {word}, or quote it for a string")
+    return None
+
+
+def _plain_integer(text: str) -> tuple[Any, str | None] | None:
+    """Decimal and hex integers, refusing what YAML 1.1 reads as octal; None: not written as an integer."""
     if (_DECIMAL.fullmatch(text) or _HEX.fullmatch(text)) and len(text) > 40:
         # int() refuses past 4300 digits (a ValueError, no field named); the API server's integers are 64-bit
         return text, "is too large a number: the API server's integers are 64-bit"
@@ -636,6 +664,11 @@ def _plain(text: str) -> tuple[Any, str | None]:  # noqa: C901
                           "by YAML 1.2 readers: write it without the leading zero, or quote it for a string")
         return text, ("has a leading zero, which YAML 1.1 readers take for octal: write it without, or quote it "
                       "for a string")
+    return None
+
+
+def _plain_number(text: str) -> tuple[Any, str | None] | None:
+    """Floats, refusing the forms YAML readers disagree on and what JSON cannot carry; None: not a number."""
     if _OCTAL_12.fullmatch(text) or _BINARY.fullmatch(text) or _SIGNED_HEX.fullmatch(text) or (
             "_" in text and _UNDERSCORED.fullmatch(text)):
         return text, ("is read as a number by some YAML readers and as a string by others: write the number in "
@@ -649,7 +682,7 @@ def _plain(text: str) -> tuple[Any, str | None]:  # noqa: C901
         if number.is_integer() and abs(number) < 2 ** 63:
             return int(number), None  # kubectl's YAML-to-JSON writes 8.0 as 8
         return number, None
-    return text, None
+    return None
 
 
 def iter_documents(path: str | Path) -> Iterator[tuple[int, Any]]:

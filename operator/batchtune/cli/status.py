@@ -19,7 +19,7 @@ from batchtune.cli.view import Shown, shown, status_error, typed, when
 from batchtune.terminal import safe, text
 
 if TYPE_CHECKING:
-    from batchtune.api.models import BatchTuningStatus, Setting, TrialRecord
+    from batchtune.api.models import BatchTuningStatus, Recommendation, Setting, TrialRecord
 
 __all__ = ["Shown", "shown", "status_error", "typed", "when"]  # the typed view, with the renderers here
 
@@ -364,7 +364,7 @@ def _count(value: int) -> int:
     return min(value, MAX_SHOWN_COUNT)
 
 
-def decision(bt: Mapping[str, Any] | Shown) -> Any:  # noqa: C901
+def decision(bt: Mapping[str, Any] | Shown) -> Any:
     """The decision with its reasons: setting, knee, replicas hint, and what happened in production."""
     from rich.text import Text
 
@@ -374,26 +374,7 @@ def decision(bt: Mapping[str, Any] | Shown) -> Any:  # noqa: C901
     rec, knee, applied = status.recommendation, status.knee, status.applied
     made = Text()
     if rec:
-        made.append("Decision: ", style="bold")
-        made.append(setting_label(rec.setting), style="bold green")
-        if status.best_trial:
-            made.append(f"  (trial {safe(status.best_trial)})")
-        made.append("\n  why: ", style="bold")
-        made.append(safe(rec.reason, multiline=True))
-        if rec.workload:
-            made.append("\n  for: ", style="bold")
-            made.append(safe(rec.workload))
-        if rec.args:
-            made.append("\n  args: ", style="bold")
-            made.append(" ".join(safe(a) for a in rec.args))
-        if rec.replicas_hint:
-            made.append("\n  replicas: ", style="bold")
-            made.append(f"{rec.replicas_hint} would serve production's observed peak at this setting")
-            if rec.replicas_basis:
-                made.append(f" ({safe(rec.replicas_basis)})")
-        elif rec.replicas_basis:
-            made.append("\n  replicas: ", style="bold")
-            made.append(safe(rec.replicas_basis))
+        _recommendation(made, rec, status.best_trial)
     elif phase == "Failed":
         failed = status.condition("Failed")
         made.append("No decision: ", style="bold red")
@@ -414,6 +395,30 @@ def decision(bt: Mapping[str, Any] | Shown) -> Any:  # noqa: C901
         made.append(f"not changed (Recommend mode); apply with `batchtune recommend "
                     f"{safe(view.name or 'NAME')} -o patch`")
     return made
+
+
+def _recommendation(made: Any, rec: Recommendation, best_trial: str | None) -> None:
+    """The recommended setting, why, for which workload, its args and the replicas hint, appended to `made`."""
+    made.append("Decision: ", style="bold")
+    made.append(setting_label(rec.setting), style="bold green")
+    if best_trial:
+        made.append(f"  (trial {safe(best_trial)})")
+    made.append("\n  why: ", style="bold")
+    made.append(safe(rec.reason, multiline=True))
+    if rec.workload:
+        made.append("\n  for: ", style="bold")
+        made.append(safe(rec.workload))
+    if rec.args:
+        made.append("\n  args: ", style="bold")
+        made.append(" ".join(safe(a) for a in rec.args))
+    if rec.replicas_hint:
+        made.append("\n  replicas: ", style="bold")
+        made.append(f"{rec.replicas_hint} would serve production's observed peak at this setting")
+        if rec.replicas_basis:
+            made.append(f" ({safe(rec.replicas_basis)})")
+    elif rec.replicas_basis:
+        made.append("\n  replicas: ", style="bold")
+        made.append(safe(rec.replicas_basis))
 
 
 def workload_block(bt: Mapping[str, Any] | Shown, now: datetime) -> Any:

@@ -88,7 +88,8 @@ def reported(bt: Mapping[str, Any], view: Shown | None = None) -> Tuning:
 
     view = view or shown(bt)
     spec = bt.get("spec")
-    return Tuning(view.namespace, view.name, parse_spec(clean(spec if isinstance(spec, dict) else {})), view.status)
+    return Tuning(view.namespace, view.name, parse_spec(clean(spec if isinstance(spec, dict) else {})), view.status,
+                  written=view.written)
 
 
 def status_error(bt: Mapping[str, Any], exc: InvalidBatchTuning) -> str:

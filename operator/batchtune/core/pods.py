@@ -58,7 +58,7 @@ def _age_seconds(timestamp: str | None, now: datetime) -> float:
     return (now - started).total_seconds()
 
 
-def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, readiness_timeout_s: float,  # noqa: C901
+def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, readiness_timeout_s: float,
                  engine: Engine, created_at: str | None = None, log: str | None = None) -> TrialFailure | None:
     """Returns why the pod can never become a ready vLLM server, or None while it still may.
 
@@ -66,6 +66,23 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, r
     cause of a startup failure is often above the termination message's tail.
     """
     status = pod.get("status") or {}
+    unschedulable = _unschedulable(status, now, created_at)
+    if unschedulable is not None:
+        return unschedulable
+    for cs in status.get("containerStatuses") or []:
+        if container and cs.get("name") != container:
+            continue
+        failure = _container_failure(cs, engine, log)
+        if failure is not None:
+            return failure
+    if _age_seconds(created_at or (pod.get("metadata") or {}).get("creationTimestamp"), now) > readiness_timeout_s:
+        return TrialFailure(Reason.READINESS_TIMEOUT,
+                            f"not ready after {int(readiness_timeout_s)}s (spec.trial.readinessTimeoutSeconds)")
+    return None
+
+
+def _unschedulable(status: Mapping[str, Any], now: datetime, created_at: str | None) -> TrialFailure | None:
+    """Unschedulable past the grace period, for a reason other than GPUs other work holds."""
     for cond in status.get("conditions") or []:
         if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
                 and cond.get("reason") == "Unschedulable"):
@@ -75,33 +92,38 @@ def classify_pod(pod: Mapping[str, Any], container: str | None, now: datetime, r
             if not waiting_for_gpus and _age_seconds(cond.get("lastTransitionTime") or created_at,
                                                      now) >= UNSCHEDULABLE_GRACE_SECONDS:
                 return TrialFailure(Reason.UNSCHEDULABLE, message)
+    return None
 
-    for cs in status.get("containerStatuses") or []:
-        if container and cs.get("name") != container:
-            continue
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
-        if waiting.get("reason") in _IMAGE_REASONS:
-            return TrialFailure(Reason.IMAGE_PULL_BACK_OFF, waiting.get("message") or waiting["reason"])
-        if terminated:
-            message = terminated.get("message") or ""
-            if terminated.get("reason") == "OOMKilled" or terminated.get("exitCode") == 137:
-                return TrialFailure(Reason.OOM_KILLED,
-                                    _first_line(message) or f"the {engine.display} process was killed for using too much memory")
-            known = engine.classify_failure(message)
-            if known is not None:
-                return TrialFailure(known, _telling_line(message, known, engine))
-            errors = _error_lines(log) if log else ""
-            known = engine.classify_failure(errors) if errors else None
-            if known is not None:
-                return TrialFailure(known, _telling_line(errors, known, engine))
-        if waiting.get("reason") == "CrashLoopBackOff":
-            detail = _first_line(terminated.get("message") or "") or waiting.get("message") or "container keeps exiting"
-            return TrialFailure(Reason.CRASH_LOOP_BACK_OFF, detail)
 
-    if _age_seconds(created_at or (pod.get("metadata") or {}).get("creationTimestamp"), now) > readiness_timeout_s:
-        return TrialFailure(Reason.READINESS_TIMEOUT,
-                            f"not ready after {int(readiness_timeout_s)}s (spec.trial.readinessTimeoutSeconds)")
+def _container_failure(cs: Mapping[str, Any], engine: Engine, log: str | None) -> TrialFailure | None:
+    """What the engine container's state says it failed of: its image, memory, the engine's own words, a crash loop."""
+    waiting = (cs.get("state") or {}).get("waiting") or {}
+    terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+    if waiting.get("reason") in _IMAGE_REASONS:
+        return TrialFailure(Reason.IMAGE_PULL_BACK_OFF, waiting.get("message") or waiting["reason"])
+    if terminated:
+        failure = _termination(terminated, engine, log)
+        if failure is not None:
+            return failure
+    if waiting.get("reason") == "CrashLoopBackOff":
+        detail = _first_line(terminated.get("message") or "") or waiting.get("message") or "container keeps exiting"
+        return TrialFailure(Reason.CRASH_LOOP_BACK_OFF, detail)
+    return None
+
+
+def _termination(terminated: Mapping[str, Any], engine: Engine, log: str | None) -> TrialFailure | None:
+    """Why the engine exited: killed for memory, else the cause its termination message or log names."""
+    message = terminated.get("message") or ""
+    if terminated.get("reason") == "OOMKilled" or terminated.get("exitCode") == 137:
+        return TrialFailure(Reason.OOM_KILLED,
+                            _first_line(message) or f"the {engine.display} process was killed for using too much memory")
+    known = engine.classify_failure(message)
+    if known is not None:
+        return TrialFailure(known, _telling_line(message, known, engine))
+    errors = _error_lines(log) if log else ""
+    known = engine.classify_failure(errors) if errors else None
+    if known is not None:
+        return TrialFailure(known, _telling_line(errors, known, engine))
     return None
 
 

@@ -95,7 +95,7 @@ class CommandLine:
         return tuple(w.text for w in self.words[self.flags_start:])
 
 
-def shell_words(script: str, container: str) -> list[Word]:  # noqa: C901
+def shell_words(script: str, container: str) -> list[Word]:
     """Words of one simple shell command with their spans; refuses anything more."""
     words: list[Word] = []
     i, n = 0, len(script)
@@ -119,48 +119,59 @@ def shell_words(script: str, container: str) -> list[Word]:  # noqa: C901
             raise refuse("several lines")
         if c == "#":
             raise refuse("a comment")
-        start, buf = i, []
-        while i < n and script[i] not in " \t\r\n":
-            c = script[i]
-            if c in _UNSAFE_SHELL:
-                raise refuse(_UNSAFE_SHELL[c])
-            if c == "'":
-                j = script.find("'", i + 1)
-                if j < 0:
-                    raise refuse("an unterminated single quote")
-                buf.append(script[i + 1 : j])
-                i = j + 1
-            elif c == '"':
-                i += 1
-                while True:
-                    if i >= n:
-                        raise refuse("an unterminated double quote")
-                    c = script[i]
-                    if c == '"':
-                        i += 1
-                        break
-                    if c == "`" or script.startswith("$(", i):
-                        raise refuse("a command substitution")
-                    if c == "\\" and i + 1 < n and script[i + 1] in '"\\$`\n':
-                        buf.append(script[i + 1])
-                        i += 2
-                        continue
-                    buf.append(c)
-                    i += 1
-            elif c == "\\":
-                if i + 1 >= n:
-                    raise refuse("a trailing backslash")
-                if script[i + 1] == "\n":
-                    break
-                buf.append(script[i + 1])
-                i += 2
-            elif script.startswith("$(", i):
-                raise refuse("a command substitution")
-            else:
-                buf.append(c)
-                i += 1
+        start, buf = i, list[str]()
+        i = _shell_word(script, i, buf, refuse)
         words.append(Word("".join(buf), "shell", start=start, end=i))
     return words
+
+
+def _shell_word(script: str, i: int, buf: list[str], refuse: Callable[[str], ArgsError]) -> int:
+    """Reads the word at `i` into `buf`, unquoted; the index just past it."""
+    n = len(script)
+    while i < n and script[i] not in " \t\r\n":
+        c = script[i]
+        if c in _UNSAFE_SHELL:
+            raise refuse(_UNSAFE_SHELL[c])
+        if c == "'":
+            j = script.find("'", i + 1)
+            if j < 0:
+                raise refuse("an unterminated single quote")
+            buf.append(script[i + 1 : j])
+            i = j + 1
+        elif c == '"':
+            i = _double_quoted(script, i + 1, buf, refuse)
+        elif c == "\\":
+            if i + 1 >= n:
+                raise refuse("a trailing backslash")
+            if script[i + 1] == "\n":
+                break  # a line continuation ends the word
+            buf.append(script[i + 1])
+            i += 2
+        elif script.startswith("$(", i):
+            raise refuse("a command substitution")
+        else:
+            buf.append(c)
+            i += 1
+    return i
+
+
+def _double_quoted(script: str, i: int, buf: list[str], refuse: Callable[[str], ArgsError]) -> int:
+    """Reads a double-quoted string from just after its opening quote into `buf`; the index past its closing one."""
+    n = len(script)
+    while True:
+        if i >= n:
+            raise refuse("an unterminated double quote")
+        c = script[i]
+        if c == '"':
+            return i + 1
+        if c == "`" or script.startswith("$(", i):
+            raise refuse("a command substitution")
+        if c == "\\" and i + 1 < n and script[i + 1] in '"\\$`\n':
+            buf.append(script[i + 1])
+            i += 2
+            continue
+        buf.append(c)
+        i += 1
 
 
 def _shell_script_at(texts: list[str]) -> int | None:
@@ -288,44 +299,16 @@ def _values(arity: Arity, rest: list[str]) -> list[str]:
     return rest[:1] if rest and not is_flag(rest[0]) else []
 
 
-def rewrite(parsed: CommandLine, container: Mapping[str, Any], flags: Mapping[str, str | None]) -> dict[str, Any]:  # noqa: C901
+def rewrite(parsed: CommandLine, container: Mapping[str, Any], flags: Mapping[str, str | None]) -> dict[str, Any]:
     """A copy of the container with `flags` (canonical -> value; None: a boolean switch) set.
 
     Flags already present get their value replaced in place (all occurrences, keeping spelling and
     `=` form); missing ones are appended after the engine's argv. Every other word stays as it was.
     """
-    new = copy.deepcopy(dict(container))
-    texts = {i: w.text for i, w in enumerate(parsed.words)}
-    appended: list[str] = []
-    for flag, value in flags.items():
-        occurrences = parsed.occurrences.get(flag)
-        if not occurrences:
-            appended += [f"--{flag}"] + ([] if value is None else [value])
-            continue
-        for occ in occurrences:
-            if value is None:
-                continue  # a boolean switch that is already there
-            if occ.joined:
-                texts[occ.name_word] = f"{occ.spelled}={value}"
-            elif occ.value_word is not None:
-                texts[occ.value_word] = value
-            else:
-                raise ArgsError(parsed.container, f"flag {occ.spelled} has no value to replace with {value!r}")
-
+    texts, appended = _rewritten_words(parsed, flags)
     if parsed.shell_where is not None:
-        script = parsed.script
-        for i in sorted(texts, reverse=True):  # splice from the end so earlier spans stay valid
-            word = parsed.words[i]
-            if texts[i] != word.text:
-                script = script[: word.start] + shlex.quote(texts[i]) + script[word.end :]
-        if appended:
-            stripped = script.rstrip()
-            script = stripped + " " + shlex.join(appended) + script[len(stripped):]
-        where, index = parsed.shell_where
-        new[where] = list(new[where])
-        new[where][index] = script
-        return new
-
+        return _rewrite_script(parsed, container, texts, appended, parsed.shell_where)
+    new = copy.deepcopy(dict(container))
     command = [str(x) for x in container.get("command") or []]
     args = [str(x) for x in container.get("args") or []]
     for i, word in enumerate(parsed.words):
@@ -335,4 +318,43 @@ def rewrite(parsed: CommandLine, container: Mapping[str, Any], flags: Mapping[st
         new["command"] = command
     if appended or args or "args" in new:
         new["args"] = args + appended  # appended after everything: the engine's argv ends the command line
+    return new
+
+
+def _rewritten_words(parsed: CommandLine, flags: Mapping[str, str | None]) -> tuple[dict[int, str], list[str]]:
+    """(each word's new text by its position, the words to append for flags not on the command line)."""
+    texts = {i: w.text for i, w in enumerate(parsed.words)}
+    appended: list[str] = []
+    for flag, value in flags.items():
+        occurrences = parsed.occurrences.get(flag)
+        if not occurrences:
+            appended += [f"--{flag}"] + ([] if value is None else [value])
+            continue
+        if value is None:
+            continue  # a boolean switch that is already there
+        for occ in occurrences:
+            if occ.joined:
+                texts[occ.name_word] = f"{occ.spelled}={value}"
+            elif occ.value_word is not None:
+                texts[occ.value_word] = value
+            else:
+                raise ArgsError(parsed.container, f"flag {occ.spelled} has no value to replace with {value!r}")
+    return texts, appended
+
+
+def _rewrite_script(parsed: CommandLine, container: Mapping[str, Any], texts: dict[int, str], appended: list[str],
+                    shell_where: tuple[str, int]) -> dict[str, Any]:
+    """The container with its shell script's words replaced in their spans and the new flags appended."""
+    new = copy.deepcopy(dict(container))
+    script = parsed.script
+    for i in sorted(texts, reverse=True):  # splice from the end so earlier spans stay valid
+        word = parsed.words[i]
+        if texts[i] != word.text:
+            script = script[: word.start] + shlex.quote(texts[i]) + script[word.end :]
+    if appended:
+        stripped = script.rstrip()
+        script = stripped + " " + shlex.join(appended) + script[len(stripped):]
+    where, index = shell_where
+    new[where] = list(new[where])
+    new[where][index] = script
     return new

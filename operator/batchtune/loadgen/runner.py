@@ -200,7 +200,7 @@ def _chunk_text(data: dict[str, Any], chat: bool) -> str | None:
     return cast("str | None", choice.get("text"))
 
 
-async def _send(  # noqa: C901
+async def _send(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], record: RequestRecord, tally: _Tally, chat: bool
 ) -> None:
     """Stream one request, filling `record`; never raises except on cancellation."""
@@ -241,15 +241,7 @@ async def _send(  # noqa: C901
                 usage = data.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     usage_tokens = int(usage["completion_tokens"])
-        finished = loop.time()
-        record.finished_at = finished
-        record.e2el_s = finished - record.sent_at
-        record.output_tokens = usage_tokens if usage_tokens is not None else chunks
-        if usage_tokens is not None and usage_tokens > chunks:
-            tally.token(finished, usage_tokens - chunks)  # servers that pack several tokens per chunk
-        record.success = chunks > 0 or record.output_tokens > 0
-        if not record.success:
-            record.error = "no tokens in the response"
+        _finish(record, tally, loop.time(), chunks, usage_tokens)
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
@@ -257,6 +249,18 @@ async def _send(  # noqa: C901
         tally.finished += 1
         if not record.finished_at:
             record.finished_at = loop.time()
+
+
+def _finish(record: RequestRecord, tally: _Tally, finished: float, chunks: int, usage_tokens: int | None) -> None:
+    """A stream that ended: its end-to-end latency and tokens (the usage count where the server sent one)."""
+    record.finished_at = finished
+    record.e2el_s = finished - record.sent_at
+    record.output_tokens = usage_tokens if usage_tokens is not None else chunks
+    if usage_tokens is not None and usage_tokens > chunks:
+        tally.token(finished, usage_tokens - chunks)  # servers that pack several tokens per chunk
+    record.success = chunks > 0 or record.output_tokens > 0
+    if not record.success:
+        record.error = "no tokens in the response"
 
 
 async def first_model(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> str:

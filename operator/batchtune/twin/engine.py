@@ -106,6 +106,24 @@ class _Step(NamedTuple):
     """True for a wait while requests are still in the API server (nothing ran on the GPU)."""
 
 
+class _Batch:
+    """One step's schedule while it is built: the token budget and KV blocks left, what runs, and its work."""
+
+    __slots__ = ("budget", "free", "scheduled", "preempted", "prompt_tokens", "decode_tokens", "kv_read", "attn_qk",
+                 "prefilling")
+
+    def __init__(self, budget: int, free: int) -> None:
+        self.budget = budget
+        self.free = free
+        self.scheduled: list[_Request] = []
+        self.preempted = 0
+        self.prompt_tokens = 0
+        self.decode_tokens = 0
+        self.kv_read = 0
+        self.attn_qk = 0.0
+        self.prefilling = 0
+
+
 class SimEngine:
     """vLLM V1 engine core + GPU, simulated, on a virtual or real clock (`batchtune.engines.Engine` is something else:
     the adapter that reads and writes a real engine's command line). Raises StartupFailure if `cfg` cannot boot.
@@ -210,22 +228,55 @@ class SimEngine:
             prompt_tokens=result.prompt_tokens, decode_tokens=result.decode_tokens, sm_active=sm,
             sm_occupancy=occ, tensor_active=tensor, dram_active=dram, power_w=power)
 
-    def _run(self, now: float) -> _Step | None:  # noqa: C901
+    def _run(self, now: float) -> _Step | None:
         running = self.running
         waiting = self.waiting
         if not running and not waiting:
             return None
-        bs = self._block
-        budget = self._budget
-        free = self.free_blocks
-        scheduled: list[_Request] = []
-        preempted = 0
-        prompt_tokens = 0
-        decode_tokens = 0
-        kv_read = 0
-        attn_qk = 0.0
-        prefilling = 0
+        batch = _Batch(self._budget, self.free_blocks)
+        self._schedule_running(batch)
+        if not batch.preempted:
+            self._admit_waiting(batch, now)
+        scheduled, prompt_tokens, decode_tokens = batch.scheduled, batch.prompt_tokens, batch.decode_tokens
+        preempted = batch.preempted
+        self.free_blocks = batch.free
+        if not scheduled:
+            if waiting and not running and waiting[0].ready > now:
+                # The engine waits for the API server to hand over the next request.
+                wait = waiting[0].ready - now
+                return _Step(wait, now + wait, [], [], 0, [], 0, 0, 0, 0.0, 0.0, 0.0, True)
+            return None
+        num_tokens = prompt_tokens + decode_tokens
+        oom_at = self.memory.runtime_oom_tokens
+        if oom_at is not None and num_tokens >= oom_at:
+            raise RuntimeOutOfMemory(self.memory.runtime_oom_message(num_tokens))
+        duration, t_gpu, nbytes, flops = self._cost.step_time(num_tokens, len(scheduled), batch.kv_read,
+                                                              batch.attn_qk, prompt_tokens)
+        if self._jitter:
+            duration *= max(0.2, 1.0 + self._rng.gauss(0.0, self._jitter))
+        t_end = now + duration
+        emitted, finished, contiguous, gaps = self._emit(scheduled, t_end)
+        if finished:
+            for r in finished:
+                self.free_blocks += r.blocks
+                r.blocks = 0
+                del self._by_id[r.req_id]
+            self.running = [r for r in running if r.output < r.max_tokens]
+        self._last_step_end = t_end
+        self.num_preemptions += preempted
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += len(emitted)
+        return _Step(duration, t_end, emitted, finished, contiguous, gaps, preempted, prompt_tokens,
+                     decode_tokens, t_gpu, nbytes, flops)
 
+    def _schedule_running(self, batch: _Batch) -> None:
+        """vLLM's first pass: the running requests in order, each its next tokens within the budget; short of KV
+        blocks, the newest running requests are preempted (back to the waiting queue's front, recomputed later)."""
+        running, waiting = self.running, self.waiting
+        bs = self._block
+        budget, free, scheduled = batch.budget, batch.free, batch.scheduled
+        preempted = prompt_tokens = decode_tokens = kv_read = prefilling = 0
+        attn_qk = 0.0
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -265,55 +316,52 @@ class SimEngine:
                 attn_qk += num_new * (computed + num_new * 0.5)
                 prefilling += 1
             i += 1
+        batch.budget, batch.free = budget, free
+        batch.preempted, batch.prompt_tokens, batch.decode_tokens = preempted, prompt_tokens, decode_tokens
+        batch.kv_read, batch.attn_qk, batch.prefilling = kv_read, attn_qk, prefilling
 
-        if not preempted:
-            max_seqs = self._max_seqs
-            chunked = self._chunked
-            max_prefills = self._max_prefills
-            while waiting and budget > 0 and len(running) < max_seqs:
-                if max_prefills is not None and prefilling >= max_prefills:
+    def _admit_waiting(self, batch: _Batch, now: float) -> None:
+        """vLLM's second pass, only in a step that preempted nothing: waiting requests join while the budget,
+        max-num-seqs, the prefill limit and the free KV blocks allow."""
+        running, waiting = self.running, self.waiting
+        bs = self._block
+        budget, free, scheduled = batch.budget, batch.free, batch.scheduled
+        prompt_tokens, kv_read, attn_qk, prefilling = batch.prompt_tokens, batch.kv_read, batch.attn_qk, batch.prefilling
+        max_seqs = self._max_seqs
+        chunked = self._chunked
+        max_prefills = self._max_prefills
+        while waiting and budget > 0 and len(running) < max_seqs:
+            if max_prefills is not None and prefilling >= max_prefills:
+                break
+            prefilling += 1
+            r = waiting[0]
+            if r.ready > now:
+                break  # still in the API server (tokenization, request setup)
+            num_new = r.prompt + r.output
+            if num_new > budget:
+                if not chunked:
                     break
-                prefilling += 1
-                r = waiting[0]
-                if r.ready > now:
-                    break  # still in the API server (tokenization, request setup)
-                num_new = r.prompt + r.output
-                if num_new > budget:
-                    if not chunked:
-                        break
-                    num_new = budget
-                need = (num_new + bs - 1) // bs
-                if need > free:
-                    break
-                waiting.popleft()
-                running.append(r)
-                free -= need
-                r.blocks = need
-                r.computed = 0
-                r.new = num_new
-                scheduled.append(r)
-                budget -= num_new
-                prompt_tokens += num_new
-                kv_read += num_new
-                attn_qk += num_new * num_new * 0.5
+                num_new = budget
+            need = (num_new + bs - 1) // bs
+            if need > free:
+                break
+            waiting.popleft()
+            running.append(r)
+            free -= need
+            r.blocks = need
+            r.computed = 0
+            r.new = num_new
+            scheduled.append(r)
+            budget -= num_new
+            prompt_tokens += num_new
+            kv_read += num_new
+            attn_qk += num_new * num_new * 0.5
+        batch.budget, batch.free = budget, free
+        batch.prompt_tokens, batch.kv_read, batch.attn_qk, batch.prefilling = prompt_tokens, kv_read, attn_qk, prefilling
 
-        self.free_blocks = free
-        if not scheduled:
-            if waiting and not running and waiting[0].ready > now:
-                # The engine waits for the API server to hand over the next request.
-                wait = waiting[0].ready - now
-                return _Step(wait, now + wait, [], [], 0, [], 0, 0, 0, 0.0, 0.0, 0.0, True)
-            return None
-        num_tokens = prompt_tokens + decode_tokens
-        oom_at = self.memory.runtime_oom_tokens
-        if oom_at is not None and num_tokens >= oom_at:
-            raise RuntimeOutOfMemory(self.memory.runtime_oom_message(num_tokens))
-        duration, t_gpu, nbytes, flops = self._cost.step_time(num_tokens, len(scheduled), kv_read, attn_qk,
-                                                              prompt_tokens)
-        if self._jitter:
-            duration *= max(0.2, 1.0 + self._rng.gauss(0.0, self._jitter))
-        t_end = now + duration
-
+    def _emit(self, scheduled: list[_Request], t_end: float) -> tuple[list[_Request], list[_Request], int, list[float]]:
+        """The step's tokens: (requests that emitted one, those that finished, how many emitted right after the
+        previous step, the gaps of those that waited longer)."""
         emitted: list[_Request] = []
         finished: list[_Request] = []
         gaps: list[float] = []
@@ -333,15 +381,4 @@ class SimEngine:
                 r.t_last = t_end
                 if r.output >= r.max_tokens:
                     finished.append(r)
-        if finished:
-            for r in finished:
-                self.free_blocks += r.blocks
-                r.blocks = 0
-                del self._by_id[r.req_id]
-            self.running = [r for r in running if r.output < r.max_tokens]
-        self._last_step_end = t_end
-        self.num_preemptions += preempted
-        self.prompt_tokens_total += prompt_tokens
-        self.generation_tokens_total += len(emitted)
-        return _Step(duration, t_end, emitted, finished, contiguous, gaps, preempted, prompt_tokens,
-                     decode_tokens, t_gpu, nbytes, flops)
+        return emitted, finished, contiguous, gaps

@@ -238,7 +238,7 @@ class _Simulation:
         num_prompts = self.wl.num_prompts  # None exactly when not in bench mode
         return num_prompts is None or self.sent < num_prompts
 
-    def run(self) -> None:  # noqa: C901
+    def run(self) -> None:
         eng, wl = self.engine, self.wl
         run = eng._run
         cost = eng._cost
@@ -246,38 +246,17 @@ class _Simulation:
         closed = wl.concurrency is not None
         # None only in a closed loop, which draws no arrivals (Workload takes exactly one of the two).
         rate = cast(float, wl.request_rate)
-        next_arrival = math.inf
-        if wl.concurrency is not None:
-            for _ in range(min(wl.concurrency, wl.num_prompts or wl.concurrency)):
-                self._send(0.0)
-        elif rate == math.inf:
-            for _ in range(cast(int, wl.num_prompts)):  # Workload requires num_prompts with an infinite rate
-                self._send(0.0)
-        else:
-            next_arrival = self.rng.expovariate(rate)
+        next_arrival = self._first_arrivals(rate)
         # A closed-loop client sends its next request once the last token reached it (the response path later).
         replacements: deque[float] = deque()
         measuring = self.bench
-        warmup = 0.0 if self.bench else wl.warmup_s
-        if warmup is None and not closed:
-            warmup = min(0.1 * self.duration, 10.0)
+        warmup = self._warmup(closed)
         turnover = wl.concurrency or 0  # auto warm-up for closed loop: C completions
-        if self.bench:
-            self.window_end = self.duration
-        elif warmup is not None:
-            self.window_start, self.window_end = warmup, warmup + self.duration
         window_start = self.window_start
         window_end = self.window_end
 
         while True:
-            while next_arrival <= now and self._can_send():
-                self._send(next_arrival)
-                next_arrival += self.rng.expovariate(rate)
-            while replacements and replacements[0] <= now and self._can_send():
-                self._send(replacements.popleft())
-            if not self._can_send():
-                next_arrival = math.inf
-                replacements.clear()
+            next_arrival = self._send_due(now, next_arrival, rate, replacements)
             if not eng.has_work():
                 due = min(next_arrival, replacements[0] if replacements else math.inf)
                 if due == math.inf:
@@ -294,10 +273,9 @@ class _Simulation:
                 if t_end > window_end:
                     break
                 self._record(step, cost)
-            for _ in step.finished:
-                self.completed_total += 1
-                if closed:
-                    replacements.append(t_end + self.path_s)
+            self.completed_total += len(step.finished)
+            if closed:
+                replacements.extend(t_end + self.path_s for _ in step.finished)
             if warmup is None and self.completed_total >= turnover:
                 # closed-loop auto warm-up ends after one full turnover of the client pool
                 warmup = t_end
@@ -308,6 +286,45 @@ class _Simulation:
                 break
         if self.bench:
             self.window_end = min(now, self.window_end)
+
+    def _first_arrivals(self, rate: float) -> float:
+        """Sends what arrives at time 0 (a closed loop's clients, an infinite rate's every prompt); the first
+        Poisson arrival after it (inf: none)."""
+        wl = self.wl
+        if wl.concurrency is not None:
+            for _ in range(min(wl.concurrency, wl.num_prompts or wl.concurrency)):
+                self._send(0.0)
+        elif rate == math.inf:
+            for _ in range(cast(int, wl.num_prompts)):  # Workload requires num_prompts with an infinite rate
+                self._send(0.0)
+        else:
+            return self.rng.expovariate(rate)
+        return math.inf
+
+    def _warmup(self, closed: bool) -> float | None:
+        """The warm-up in seconds, with the measuring window set from it; None: a closed loop's, which ends after
+        one turnover of its clients (the window is set then)."""
+        warmup = 0.0 if self.bench else self.wl.warmup_s
+        if warmup is None and not closed:
+            warmup = min(0.1 * self.duration, 10.0)
+        if self.bench:
+            self.window_end = self.duration
+        elif warmup is not None:
+            self.window_start, self.window_end = warmup, warmup + self.duration
+        return warmup
+
+    def _send_due(self, now: float, next_arrival: float, rate: float, replacements: deque[float]) -> float:
+        """Sends the arrivals and closed-loop replacements due by `now`; the next arrival (inf once no more may
+        be sent)."""
+        while next_arrival <= now and self._can_send():
+            self._send(next_arrival)
+            next_arrival += self.rng.expovariate(rate)
+        while replacements and replacements[0] <= now and self._can_send():
+            self._send(replacements.popleft())
+        if not self._can_send():
+            replacements.clear()
+            return math.inf
+        return next_arrival
 
     def _record(self, step: Any, cost: Any) -> None:
         if step.idle:

@@ -453,7 +453,7 @@ class TwinServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
-    def _parse(self, body: Any, chat: bool) -> tuple[int, int, str, bool, bool, int]:  # noqa: C901
+    def _parse(self, body: Any, chat: bool) -> tuple[int, int, str, bool, bool, int]:
         """(prompt_tokens, tokens to generate, finish reason, stream, include_usage, seed for text)."""
         if not isinstance(body, dict):
             raise OpenAIError(400, "request body must be a JSON object")
@@ -461,35 +461,22 @@ class TwinServer:
         if model is not None and model not in (self.options.served_model_name, self.options.root_model):
             raise OpenAIError(404, f"The model `{model}` does not exist. Valid aliases: "
                               f"{self.options.served_model_name}.", "NotFoundError", param="model")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise OpenAIError(400, "messages: a non-empty list is required")
-            text_tokens = 0
-            joined = []
-            for msg in messages:
-                content = msg.get("content") if isinstance(msg, dict) else None
-                if isinstance(content, list):  # content parts
-                    content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-                content = content or ""
-                joined.append(content)
-                text_tokens += count_text_tokens(content) if content.strip() else 0
-            prompt_tokens = text_tokens + CHAT_TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + CHAT_TEMPLATE_TOKENS_FIXED
-            key = "\n".join(joined)
-            token_ids = False
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-                prompt = prompt[0]  # a batch of one
-            token_ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
-            if isinstance(prompt, str):
-                prompt_tokens = count_text_tokens(prompt) if prompt.strip() else 1
-                key = prompt
-            elif isinstance(prompt, list) and token_ids:
-                prompt_tokens = len(prompt)
-                key = ",".join(map(str, prompt[:64]))
-            else:
-                raise OpenAIError(400, "prompt: a string, or a list of token ids, is required (batches unsupported)")
+        prompt_tokens, key, token_ids = _chat_prompt(body) if chat else _completion_prompt(body)
+        max_tokens = self._max_tokens(body, chat, prompt_tokens, token_ids)
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage", False)) if isinstance(options, dict) else False
+        seed = zlib.crc32(key.encode("utf-8", "replace"))
+        reason = "length"
+        if not body.get("ignore_eos", False):
+            low, high = NATURAL_LENGTH_RANGE
+            natural = low + seed % (high - low + 1)
+            if natural < max_tokens:
+                max_tokens, reason = natural, "stop"
+        return prompt_tokens, max_tokens, reason, stream, include_usage, seed
+
+    def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_tokens: int, token_ids: bool) -> int:
+        """The tokens to generate as vLLM bounds them by max-model-len, refusing what vLLM refuses."""
         max_param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         raw_max = body.get(max_param)
         limit = self.max_model_len
@@ -515,17 +502,7 @@ class TwinServer:
         if max_tokens < 1:
             raise OpenAIError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens",
                               value=max_tokens)  # fmt: skip
-        stream = bool(body.get("stream", False))
-        options = body.get("stream_options") or {}
-        include_usage = bool(options.get("include_usage", False)) if isinstance(options, dict) else False
-        seed = zlib.crc32(key.encode("utf-8", "replace"))
-        reason = "length"
-        if not body.get("ignore_eos", False):
-            low, high = NATURAL_LENGTH_RANGE
-            natural = low + seed % (high - low + 1)
-            if natural < max_tokens:
-                max_tokens, reason = natural, "stop"
-        return prompt_tokens, max_tokens, reason, stream, include_usage, seed
+        return max_tokens
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         blocked = self._not_ready()
@@ -748,3 +725,34 @@ def _write_text(path: str, text: str) -> None:
             fh.write(text)
     except OSError:
         pass
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[int, str, bool]:
+    """(prompt tokens with the chat template's, the text the reply's seed is drawn from, False: not token ids)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, "messages: a non-empty list is required")
+    text_tokens = 0
+    joined = []
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):  # content parts
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        content = content or ""
+        joined.append(content)
+        text_tokens += count_text_tokens(content) if content.strip() else 0
+    prompt_tokens = text_tokens + CHAT_TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + CHAT_TEMPLATE_TOKENS_FIXED
+    return prompt_tokens, "\n".join(joined), False
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[int, str, bool]:
+    """(prompt tokens, the text the reply's seed is drawn from, whether the prompt is token ids)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch of one
+    token_ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
+    if isinstance(prompt, str):
+        return (count_text_tokens(prompt) if prompt.strip() else 1), prompt, token_ids
+    if isinstance(prompt, list) and token_ids:
+        return len(prompt), ",".join(map(str, prompt[:64])), token_ids
+    raise OpenAIError(400, "prompt: a string, or a list of token ids, is required (batches unsupported)")
