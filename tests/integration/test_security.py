@@ -406,14 +406,14 @@ def test_admission_policy_bounds_the_operator(kube, kubectl, namespace, as_opera
     # else wrote is not overwritten, and no other name is written.
     from batchtune.controller.reports import configmap
 
-    report = configmap(namespace, "tune", bt["metadata"]["uid"], {}, {}, None)
+    report = configmap(namespace, "tune", bt["metadata"]["uid"], bt["spec"], {}, None)
     as_operator.allowed("create", "-f", "-", input=report)
     report["data"]["trials.csv"] = "index\n"
     as_operator.allowed("replace", "-f", "-", input=report)
     kubectl("-n", namespace, "create", "configmap", "other-report", "--from-literal=k=v")
-    foreign = configmap(namespace, "other", bt["metadata"]["uid"], {}, {}, None)
+    foreign = configmap(namespace, "other", bt["metadata"]["uid"], bt["spec"], {}, None)
     as_operator.denied("replace", "-f", "-", input=foreign, says="never overwrites")
-    misnamed = configmap(namespace, "tune", bt["metadata"]["uid"], {}, {}, None)
+    misnamed = configmap(namespace, "tune", bt["metadata"]["uid"], bt["spec"], {}, None)
     misnamed["metadata"]["name"] = "coredns"
     as_operator.denied("create", "-f", "-", input=misnamed, says="writes only report ConfigMaps")
 

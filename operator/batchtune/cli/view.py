@@ -14,7 +14,7 @@ from batchtune.terminal import clean, safe
 
 if TYPE_CHECKING:
     from batchtune.api import InvalidBatchTuning
-    from batchtune.api.models import BatchTuningStatus
+    from batchtune.api.models import BatchTuningSpec, BatchTuningStatus
     from batchtune.report import Tuning
 
 
@@ -82,14 +82,45 @@ def typed(bt: Mapping[str, Any]) -> dict[str, Any]:
 
 def reported(bt: Mapping[str, Any], view: Shown | None = None) -> Tuning:
     """What the report is drawn from: the status parsed once (`view`, else `shown(bt)`) and the spec parsed by the
-    model; InvalidBatchTuning as `shown`, or naming a spec field."""
-    from batchtune.api import parse_spec
+    model (`report_spec`); InvalidBatchTuning as `shown`."""
     from batchtune.report import Tuning
 
     view = view or shown(bt)
     spec = bt.get("spec")
-    return Tuning(view.namespace, view.name, parse_spec(clean(spec if isinstance(spec, dict) else {})), view.status,
+    return Tuning(view.namespace, view.name, report_spec(clean(spec if isinstance(spec, dict) else {})), view.status,
                   written=view.written)
+
+
+def report_spec(spec: dict[str, Any]) -> BatchTuningSpec:
+    """The spec as the report reads it. The API server's schema checked it, so it parses; one this CLI's model
+    refuses anyway (another version's, or a hand-made object) still gets its report: each part the report reads
+    that parses is kept, the rest is the model's default, and the target is named as written."""
+    from pydantic import ValidationError
+
+    from batchtune.api import InvalidBatchTuning, parse_spec
+    from batchtune.api.models import (
+        BatchTuningSpec,
+        LoadSpec,
+        ObjectiveSpec,
+        ReportSpec,
+        SloSpec,
+        StrategySpec,
+        TargetRef,
+    )
+
+    try:
+        return parse_spec(spec)
+    except InvalidBatchTuning:
+        pass
+    parts: dict[str, Any] = {"target_ref": TargetRef.model_construct(name=_spec_text(spec, "targetRef", "name"))}
+    for key, model in (("slo", SloSpec), ("load", LoadSpec), ("objective", ObjectiveSpec),
+                       ("strategy", StrategySpec), ("report", ReportSpec)):
+        try:
+            parts[key] = model.model_validate(spec.get(key) or {})
+        except ValidationError:
+            parts[key] = model.model_construct()  # defaults, unchecked: SloSpec's validator wants a target
+    # model_construct: the parts the report does not read (search space, Prometheus, ...) stay unset.
+    return BatchTuningSpec.model_construct(**parts)
 
 
 def status_error(bt: Mapping[str, Any], exc: InvalidBatchTuning) -> str:
