@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_report_html import EVIL, tuned
+from test_report_html import EVIL, tuned, typed
 
 from batchtune.report import curves_png
 from batchtune.report_html import html_report
@@ -74,9 +74,7 @@ def chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _png(bt: dict) -> bytes:
-    status = bt["status"]
-    return curves_png(status["trials"], chosen=status.get("bestTrial"), knee_seqs=(status.get("knee") or {}).get(
-        "maxNumSeqs"), slo=bt["spec"]["slo"], title="inference/tune: target llm", curve_load=status["plan"]["curveLoad"])
+    return curves_png(typed(bt), title="inference/tune: target llm")
 
 
 def hostile() -> dict:
@@ -95,10 +93,10 @@ def browser(tmp_path_factory) -> dict:
     markup injected after rendering (as if escaping had failed)."""
     folder = tmp_path_factory.mktemp("browser")
     plain = tuned()
-    (folder / "plain.html").write_text(html_report(plain, _png(plain), "test"))
+    (folder / "plain.html").write_text(html_report(typed(plain), _png(plain), "test"))
     bad = hostile()
-    (folder / "hostile.html").write_text(html_report(bad, _png(bad)))
-    (folder / "injected.html").write_text(html_report(plain, _png(plain)).replace(
+    (folder / "hostile.html").write_text(html_report(typed(bad), _png(bad)))
+    (folder / "injected.html").write_text(html_report(typed(plain), _png(plain)).replace(
         "</body>", '<script>window.pwned = 1</script><img src="https://example.invalid/x.png">'
                    '<img src="x" onerror="window.pwned = 2"></body>'))
     (folder / "harness.html").write_text(HARNESS % json.dumps(EVIL).replace("</", "<\\/"))  # inside <script>
