@@ -85,3 +85,16 @@ def size(value: Any) -> int:
     """Bytes of the value as compact JSON (how the API server stores a custom resource in etcd)."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
+
+
+if __name__ == "__main__":
+    # Where the bytes of the largest object go: `PYTHONPATH=operator python tests/unit/crd_size.py`.
+    import api_crd
+
+    found: list[str] = []
+    schema = api_crd.openapi_schema()["properties"]
+    spec, status = _largest(schema["spec"], ".spec", found), _largest(schema["status"], ".status", found)
+    trial = dict(status["trials"][0], steps=[])
+    print(f"unbounded fields (counted empty): {len(found)}")
+    print(f"spec {size(spec)} B; status {size(status)} B, of which trials {size(status['trials'])} B "
+          f"({len(status['trials'])} x {size(status['trials'][0])} B; without steps {size(trial)} B each)")

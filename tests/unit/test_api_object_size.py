@@ -24,8 +24,9 @@ DIFFBASE_ANNOTATION = "batchtune.io/last-handled-configuration"
 
 UNBOUNDED_TODAY = pytest.mark.xfail(
     strict=True, raises=(crd_size.Unbounded, AssertionError),
-    reason="issue 22 section 9: status.trials[].steps[] keeps every load step of every trial with open metric "
-           "maps; the largest status the CRD admits is far over etcd's limit (docs/security.md, Bounded objects)")
+    reason="issue 22 section 9: status.trials[].steps[] keeps every load step (and its run records) of every "
+           "trial, and the container command lines have no maxItems: the largest status the CRD admits is about "
+           "104 MB (docs/security.md)")
 
 
 def _schema() -> dict:
@@ -84,6 +85,22 @@ def test_the_largest_spec_is_bounded_and_fits() -> None:
     assert 2 * crd_size.size(spec) < OBJECT_BUDGET_BYTES // 4, crd_size.size(spec)
 
 
+STILL_UNBOUNDED = [
+    # A container's command line, kept whole: production's (baseline, applied.previous: what a rollback restores),
+    # and the recommendation's. Cutting it would restore a different container (issue 22 section 9, open).
+    ".status.baseline.args", ".status.recommendation.args", ".status.recommendation.container.command",
+    ".status.recommendation.container.args", ".status.applied.previous.command", ".status.applied.previous.args",
+    ".status.applied.new.command", ".status.applied.new.args",
+]
+
+
+def test_no_status_field_is_unbounded_but_the_known_command_lines() -> None:
+    # Until the strict xfail below passes: a new unbounded field fails here, by name, today.
+    with pytest.raises(crd_size.Unbounded) as caught:
+        crd_size.largest(_schema()["properties"]["status"], ".status")
+    assert [p.split(":")[0] for p in caught.value.paths] == STILL_UNBOUNDED
+
+
 @UNBOUNDED_TODAY
 def test_the_largest_batchtuning_the_crd_admits_fits_in_etcd() -> None:
     obj = largest_object()
@@ -105,3 +122,14 @@ def test_the_report_configmap_of_the_largest_status_fits() -> None:
         sum(len(k) + len(base64.b64decode(v)) for k, v in (body.get("binaryData") or {}).items())
     assert held <= CONFIGMAP_LIMIT_BYTES, f"the report ConfigMap holds {held} bytes: {sorted(body['data'])}"
     assert crd_size.size(body) < ETCD_LIMIT_BYTES
+
+
+def test_the_twin_parameters_status_keeps_are_every_fitted_parameter() -> None:
+    import dataclasses
+
+    from batchtune.api.models import TWIN_PARAMETER_KEYS, camel
+    from batchtune.twin.params import GenericStepModel, TwinParams
+
+    fields = [camel(f.name) for f in dataclasses.fields(TwinParams) if f.name != "generic"]
+    generic = [camel(f"generic_{f.name}") for f in dataclasses.fields(GenericStepModel)]
+    assert sorted(TWIN_PARAMETER_KEYS) == sorted(fields + generic)
