@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -25,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -44,7 +46,7 @@ from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import PERCENTILES, SloTargets
 from batchtune.core.verify import InconclusivePolicy
-from batchtune.core.vocabulary import Phase, StepPurpose, TrialState, Verdict
+from batchtune.core.vocabulary import M, Phase, StepPurpose, TrialState, Verdict
 from batchtune.core.warmup import WarmupMode
 from batchtune.core.workload import ArrivalProfile as CoreArrivalProfile
 from batchtune.core.workload import DriftThresholds
@@ -151,6 +153,39 @@ Bool = Annotated[bool, Strict()]
 
 # A reason code (docs/troubleshooting.md): UpperCamelCase, not an enum, so an older operator reads a newer one's.
 ReasonCode = Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=64)]
+
+
+def _cut(limit: int) -> Callable[[Any], Any]:
+    """A status string longer than its bound is cut to it: a status write must never fail on a long message."""
+    def cut(value: Any) -> Any:
+        return value[:limit] if isinstance(value, str) else value
+    return cut
+
+
+def _first(limit: int) -> Callable[[Any], Any]:
+    """A status list longer than its bound keeps its first items."""
+    def first(value: Any) -> Any:
+        return list(value)[:limit] if isinstance(value, (list, tuple)) else value
+    return first
+
+
+# Status strings, each with a bound the CRD carries (issue 22: the largest object must fit in etcd).
+Word = Annotated[str, BeforeValidator(_cut(64)), Field(max_length=64)]
+"""A state, source or hash."""
+Name = Annotated[str, BeforeValidator(_cut(253)), Field(max_length=253)]
+"""A Kubernetes object name (or a Git commit or ref)."""
+Line = Annotated[str, BeforeValidator(_cut(500)), Field(max_length=500)]
+"""One line of explanation."""
+Paragraph = Annotated[str, BeforeValidator(_cut(2000)), Field(max_length=2000)]
+"""A message."""
+Url = Annotated[str, BeforeValidator(_cut(2048)), Field(max_length=2048)]
+"""A URL (spec's URLs are at most 2048 characters)."""
+Patch = Annotated[str, BeforeValidator(_cut(16384)), Field(max_length=16384)]
+"""A ready-made patch or values snippet (its container's command line and the setting)."""
+Timestamp = Annotated[datetime, WithJsonSchema({"type": "string", "format": "date-time", "maxLength": 64})]
+"""An RFC 3339 time (the API server bounds only what the schema bounds, so this says how long one may be)."""
+MAX_CONDITIONS = 8
+"""Progressing, Succeeded, Failed, Degraded: one each, with room for types a newer operator adds."""
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -903,9 +938,9 @@ class Condition(_Status):
     """True, False or Unknown."""
     reason: Annotated[str, Field(min_length=1, max_length=1024)]
     """Why, in UpperCamelCase."""
-    message: Annotated[str, Field(max_length=32768)] = ""
+    message: Paragraph = ""
     """Human-readable detail."""
-    last_transition_time: datetime
+    last_transition_time: Timestamp
     """When status last changed."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     """The spec generation this condition was computed from."""
@@ -963,8 +998,40 @@ def _finite_metrics(value: Any) -> Any:
     return out
 
 
-Metrics = Annotated[dict[str, float], BeforeValidator(_finite_metrics)]
-"""Status metric keys (`batchtune.core.vocabulary.M`: ttftMs, outputThroughput, ...) -> finite numbers."""
+def _figures_schema(keys: Sequence[str], what: str) -> dict[str, Any]:
+    # Fixed properties, no open map: the API server prunes any other key, and the object's largest size is known.
+    return {"type": "object", "additionalProperties": False,
+            "properties": {k: {"type": "number", "description": f"{what} {k}."} for k in keys}}
+
+
+def _known(keys: Sequence[str]) -> Callable[[Any], Any]:
+    """Only the known keys (what the CRD keeps; the API server would prune the rest)."""
+    wanted = frozenset(keys)
+
+    def known(value: Any) -> Any:
+        return {k: v for k, v in value.items() if k in wanted} if isinstance(value, dict) else value
+    return known
+
+
+METRIC_KEYS = tuple(str(m.value) for m in M)
+Metrics = Annotated[dict[str, float], BeforeValidator(_known(METRIC_KEYS)), BeforeValidator(_finite_metrics),
+                    WithJsonSchema(_figures_schema(METRIC_KEYS, "The figure"))]
+"""Status metric keys (`batchtune.core.vocabulary.M`: ttftMs, outputThroughput, ...) -> finite numbers; any other
+key is dropped."""
+TWIN_PARAMETER_KEYS = (
+    "bwScale", "flopsScale", "stepOverheadS", "seqOverheadS", "layerFloorS", "memoryOffsetGib", "activationScale",
+    "runtimeFragmentFraction", "runtimeFixedGib", "frontendPerRequestS", "frontendPerPromptTokenS", "responsePathS",
+    "prefillTokenOverheadS", "kvReadEfficiency", "maxPrefillsPerStep", "kvPoolTokens",
+    "genericFixedS", "genericPerSeqS", "genericPerTokenS", "genericPerKvTokenS")
+"""`twin.params.TwinParams`' fields as `controller.records.twin_record` names them (tests/unit/test_api_object_size.py
+holds the two together)."""
+TwinParameters = Annotated[dict[str, float], BeforeValidator(_known(TWIN_PARAMETER_KEYS)),
+                           BeforeValidator(_finite_metrics), WithJsonSchema(_figures_schema(TWIN_PARAMETER_KEYS,
+                                                                                            "Fitted parameter"))]
+DRIFT_KEYS = ("promptShiftPercent", "outputShiftPercent", "peakChangePercent")
+"""`core.workload.Drift.to_metrics`'s keys."""
+DriftFigures = Annotated[dict[str, float], BeforeValidator(_known(DRIFT_KEYS)), BeforeValidator(_finite_metrics),
+                         WithJsonSchema(_figures_schema(DRIFT_KEYS, "Drift:"))]
 
 
 class RunRecord(_Status):
@@ -972,7 +1039,7 @@ class RunRecord(_Status):
 
     metrics: Metrics = Field(default_factory=dict)
     """What the run measured (latencies at the SLO percentile, in milliseconds)."""
-    cross_check: str | None = None
+    cross_check: Line | None = None
     """Where Prometheus and the load generator disagreed."""
 
 
@@ -990,7 +1057,7 @@ class LoadStepRecord(_Status):
     lengthened (too few requests)."""
     lengthened: Annotated[int, Field(ge=0)] = 0
     """How many of the attempts were lengthened runs rather than failed ones."""
-    job: str | None = None
+    job: Name | None = None
     """Name of the current load-generator Job."""
     results: Annotated[list[RunRecord], Field(max_length=MAX_REPEATS)] = Field(default_factory=list)
     """Per-repeat measurements, kept until the step is closed."""
@@ -998,13 +1065,13 @@ class LoadStepRecord(_Status):
     """The step's metrics (worst case over repeats)."""
     verdict: Verdict | None = None
     """Met, Violated or Unknown against the SLO at this load; unset while the step runs."""
-    verdict_reason: str | None = None
+    verdict_reason: Line | None = None
     """Why, target by target."""
     margin: float | None = None
     """Worst relative margin under the SLO limits (negative when exceeded; unset when not measured)."""
-    cross_check: str | None = None
+    cross_check: Line | None = None
     """Where Prometheus and the load generator's own numbers disagree."""
-    unavailable_since: datetime | None = None
+    unavailable_since: Timestamp | None = None
     """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
     purpose: StepPurpose | None = None
     """Curve: the extra step at the common curve load (status.plan.curveLoad), for the report only, never
@@ -1024,7 +1091,7 @@ class TrialPrediction(_Status):
     """The event simulation confirmed it (else the fast path's estimate)."""
     agrees: bool | None = None
     """Whether the first step's figures fell within tolerance of the prediction; unset until measured."""
-    comparison: str | None = None
+    comparison: Line | None = None
     """The figure furthest from its prediction, relative to its tolerance."""
 
 
@@ -1041,25 +1108,25 @@ class TrialRecord(_Status):
     """Pending, Deploying, Warming, Measuring, Done, Infeasible or Failed."""
     reason: ReasonCode | None = None
     """Why the trial is in its state (e.g. OOMKilled, KvCacheTooSmall, Measured; docs/troubleshooting.md)."""
-    message: str | None = None
+    message: Paragraph | None = None
     """Human-readable detail."""
     gpus: Annotated[int, Field(ge=0)] = 0
     """GPUs the trial pod holds."""
-    started_at: datetime | None = None
+    started_at: Timestamp | None = None
     """When the trial was decided (its Deployment is created right after)."""
-    finished_at: datetime | None = None
+    finished_at: Timestamp | None = None
     """When the trial reached Done, Infeasible or Failed."""
     metrics: Metrics | None = None
     """What the trial measured."""
     verdict: Verdict | None = None
     """Met, Violated or Unknown against the SLO."""
-    verdict_reason: str | None = None
+    verdict_reason: Line | None = None
     """Which target was violated or which data was missing."""
-    pod_ip: str | None = Field(default=None, alias="podIP")
+    pod_ip: Word | None = Field(default=None, alias="podIP")
     """IP of the trial pod the load generator targets (Service routing is not assumed)."""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     """Port the engine serves on in the trial pod."""
-    ready_at: datetime | None = None
+    ready_at: Timestamp | None = None
     """When the trial pod became ready."""
     steps: Annotated[list[LoadStepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
     """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
@@ -1080,9 +1147,9 @@ class TrialRecord(_Status):
 class Baseline(_Status):
     """Production's settings when tuning started."""
 
-    engine: str | None = None
+    engine: Word | None = None
     """The engine production runs (vllm)."""
-    container_name: str | None = None
+    container_name: Name | None = None
     """The engine's container in production's pod template."""
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
     """--max-num-seqs in production; unset: the engine's default."""
@@ -1092,7 +1159,7 @@ class Baseline(_Status):
     """--max-num-batched-tokens in production; unset: the engine's default."""
     args: list[str] = Field(default_factory=list)
     """Production's engine arguments as found."""
-    fingerprint: str | None = None
+    fingerprint: Word | None = None
     """Hash of what the trials clone from production's container (image, command, args, env, resources):
     a different one means production changed under the tuning, and the measurements no longer hold."""
 
@@ -1104,7 +1171,7 @@ class PrunedSetting(_Status):
     """The setting left out."""
     reason: ReasonCode
     """EngineInvariant (the engine would refuse it), DoesNotFitMemory (the twin's memory model) or Dominated."""
-    message: str = ""
+    message: Line = ""
     """Why, in words (the engine's own message where it has one)."""
     memory_reason: ReasonCode | None = None
     """For DoesNotFitMemory: what a start would have failed with (KvCacheTooSmall, GpuMemoryUtilizationTooHigh)."""
@@ -1115,7 +1182,7 @@ class Knee(_Status):
 
     max_num_seqs: Annotated[int, Field(ge=1)]
     """--max-num-seqs at the knee."""
-    reason: str
+    reason: Line
     """How the knee was found (marginal gain per doubling against the threshold)."""
 
 
@@ -1137,7 +1204,7 @@ class CurveLoadRecord(_Status):
     """Closed loop: requests in flight at once."""
     requests_per_minute: Annotated[int, Field(ge=1)] | None = None
     """Open loop: mean arrival rate per minute."""
-    source: str = ""
+    source: Line = ""
     """Where the load came from, in words (production's peak, the spec, a fallback and why)."""
 
 
@@ -1154,19 +1221,19 @@ class ScrapeIntervalRecord(_Status):
 class PlanRecord(_Status):
     """What planning found (re-planning from spec and this is deterministic)."""
 
-    gpu_product: str | None = None
+    gpu_product: Name | None = None
     """The target's GPU (node label nvidia.com/gpu.product), when known; trials are pinned to it."""
-    model: str | None = None
+    model: Line | None = None
     """The model production serves."""
-    served_model: str | None = None
+    served_model: Line | None = None
     """The model name requests use (--served-model-name or the model)."""
     engine_limits: EngineLimitsRecord | None = None
     """Engine limits read from production's args."""
     candidates: Annotated[int, Field(ge=0)] | None = None
     """Candidate settings after pruning."""
-    notes: Annotated[list[str], Field(max_length=20)] = Field(default_factory=list)
+    notes: Annotated[list[Line], Field(max_length=20)] = Field(default_factory=list)
     """Planning notes (e.g. why the memory prefilter was skipped)."""
-    started_at: datetime | None = None
+    started_at: Timestamp | None = None
     """When planning finished and trials could start."""
     curve_load: CurveLoadRecord | None = None
     """The common load every trial is also measured at for the report's curves; unset: none (type Off)."""
@@ -1215,11 +1282,11 @@ class LengthDistributionRecord(_Status):
 class WorkloadRecord(_Status):
     """The workload the trials drive, and every recommendation names: production's measured profile or the spec's."""
 
-    source: str | None = None
+    source: Word | None = None
     """production (measured), spec (spec.load's fixed lengths) or trace (spec.load.trace)."""
     summary: Annotated[str, Field(max_length=1000)] | None = None
     """The workload in one line."""
-    measured_at: datetime | None = None
+    measured_at: Timestamp | None = None
     """When production's profile was measured (the end of its lookback)."""
     lookback_seconds: Annotated[int, Field(ge=1)] | None = None
     """How far back production was measured."""
@@ -1248,7 +1315,7 @@ class WorkloadRecord(_Status):
     """Prompt tokens per request."""
     output_lengths: LengthDistributionRecord | None = None
     """Generated tokens per request."""
-    notes: Annotated[list[str], Field(max_length=10)] = Field(default_factory=list)
+    notes: Annotated[list[Line], Field(max_length=10)] = Field(default_factory=list)
     """What the profile could not measure and what was assumed instead."""
 
     @classmethod
@@ -1305,13 +1372,13 @@ class Recommendation(_Status):
     """The chosen setting."""
     args: list[str] = Field(default_factory=list)
     """The engine container's command line with the setting (and the trials' extra args) applied."""
-    reason: str
+    reason: Paragraph
     """Why this setting, in words."""
-    json_patch: str | None = None
+    json_patch: Patch | None = None
     """RFC 6902 JSON patch for the target Deployment."""
-    kustomize_patch: str | None = None
+    kustomize_patch: Patch | None = None
     """Kustomize strategic-merge patch."""
-    helm_values: str | None = None
+    helm_values: Patch | None = None
     """Helm values snippet, where the chart's layout is known."""
     workload: Annotated[str, Field(max_length=1000)] | None = None
     """The workload this recommendation holds for (status.workload's summary): a setting is best only for one."""
@@ -1319,7 +1386,7 @@ class Recommendation(_Status):
     """Replicas that serve production's observed peak request rate at this setting's SLO capacity."""
     replicas_basis: Annotated[str, Field(max_length=500)] | None = None
     """How the replicas hint was reached (peak over capacity, headroom counted once), or why there is none."""
-    container_name: str | None = None
+    container_name: Name | None = None
     """The engine container the setting applies to."""
     container: ContainerArgs | None = None
     """The container's command and args with the setting applied (for display; apply recomputes them)."""
@@ -1330,7 +1397,7 @@ class AppliedRecord(_Status):
 
     generation: Annotated[int, Field(ge=0)] | None = None
     """The BatchTuning generation that applied it."""
-    target: str | None = None
+    target: Name | None = None
     """The Deployment changed (a later spec may point elsewhere)."""
     previous: ContainerArgs | None = None
     """The container's command and args before the change (restored on rollback)."""
@@ -1340,36 +1407,37 @@ class AppliedRecord(_Status):
     """Production's figures over a window before the change."""
     after: Metrics | None = None
     """Production's figures over the verify window."""
-    applied_at: datetime | None = None
+    applied_at: Timestamp | None = None
     """When production was patched."""
-    rollout_completed_at: datetime | None = None
+    rollout_completed_at: Timestamp | None = None
     """When the patched Deployment finished rolling out (the verify window starts here)."""
-    verified_at: datetime | None = None
+    verified_at: Timestamp | None = None
     """When the verify window passed without regression (or was kept by policy)."""
-    rolled_back_at: datetime | None = None
+    rolled_back_at: Timestamp | None = None
     """When the change was rolled back."""
 
 
 class PullRequestRecord(_Status):
     """PullRequest mode: the branch (and pull request) that carries the decision into Git."""
 
-    branch: str
+    branch: Url
     """The decision's branch (<branchPrefix>/<namespace>/<name>/g<generation>-r<round>)."""
-    repository: str | None = None
+    repository: Url | None = None
     """The repository URL (spec.apply.git.url when it was written)."""
-    base: str | None = None
+    base: Name | None = None
     """The base branch's commit the change was made on."""
-    commit: str | None = None
+    commit: Name | None = None
     """The commit pushed to the branch; unset: not pushed yet."""
-    files: list[str] = Field(default_factory=list)
+    files: Annotated[list[Line], BeforeValidator(_first(16)), Field(max_length=16)] = Field(
+        default_factory=list)
     """The files the commit changes."""
     number: Annotated[int, Field(ge=1)] | None = None
     """The pull (merge) request's number, where a forge is configured."""
-    url: str | None = None
+    url: Url | None = None
     """The pull request's web page."""
-    state: str | None = None
+    state: Word | None = None
     """Open, Merged or Closed, as the forge last said (unset without a forge)."""
-    checked_at: datetime | None = None
+    checked_at: Timestamp | None = None
     """When the forge was last asked about the pull request."""
     generation: Annotated[int, Field(ge=0)] | None = None
     """The BatchTuning generation that proposed it."""
@@ -1382,25 +1450,25 @@ class RoundRecord(_Status):
 
     round: Annotated[int, Field(ge=1)]
     """1 for the first tuning, then one more for each retune."""
-    trigger: str
+    trigger: Word
     """Initial, Schedule (spec.retune.intervalSeconds) or Drift (spec.retune.drift)."""
     reason: Annotated[str, Field(max_length=1000)] | None = None
     """Why the round started, in words."""
-    started_at: datetime | None = None
+    started_at: Timestamp | None = None
     """When the round started."""
-    ended_at: datetime | None = None
+    ended_at: Timestamp | None = None
     """When the round reached its decision (and production is watched again)."""
     workload: Annotated[str, Field(max_length=1000)] | None = None
     """The workload the round measured against."""
-    current_trial: str | None = None
+    current_trial: Name | None = None
     """The trial that measured production's own setting (trial 0 of a retune)."""
-    current_setting: str | None = None
+    current_setting: Line | None = None
     """Production's setting when the round started."""
     current_objective: float | None = None
     """Its objective; unset: it did not meet the SLO (or was not measured)."""
-    best_trial: str | None = None
+    best_trial: Name | None = None
     """The best other setting's trial."""
-    best_setting: str | None = None
+    best_setting: Line | None = None
     """The best other setting."""
     best_objective: float | None = None
     """Its objective."""
@@ -1415,11 +1483,11 @@ class RoundRecord(_Status):
 class RetuneRecord(_Status):
     """The watch between rounds."""
 
-    last_check_at: datetime | None = None
+    last_check_at: Timestamp | None = None
     """When production's workload was last measured against the round's profile."""
-    next_check_at: datetime | None = None
+    next_check_at: Timestamp | None = None
     """When it is measured next (or the schedule is looked at)."""
-    drift: Metrics | None = None
+    drift: DriftFigures | None = None
     """The last check's drift: promptShiftPercent, outputShiftPercent (KS distance), peakChangePercent."""
     message: Annotated[str, Field(max_length=1000)] | None = None
     """The last check in words (a drift below its thresholds, too little data, ...)."""
@@ -1441,19 +1509,19 @@ class TwinPredictionRecord(_Status):
 class TwinRecord(_Status):
     """The calibrated twin behind strategy TwinGuided: its verdict, its fit and its ranking."""
 
-    basis: str
+    basis: Word
     """Fingerprint of the measured trials the twin was calibrated on (a new finished trial recalibrates it)."""
     available: bool = True
     """False: no twin for this deployment (engine, model or GPU unknown to it); the strategy measures."""
-    verdict: str | None = None
+    verdict: Word | None = None
     """Trusted, Untrusted (residuals beyond tolerance), Nominal (nothing measured yet) or Unavailable."""
-    reason: str | None = None
+    reason: Paragraph | None = None
     """Why, in words (the largest residual against its tolerance)."""
-    mode: str | None = None
+    mode: Word | None = None
     """What the next trial is for: calibrate, confirm, or measure (the twin is not trusted: Adaptive decides)."""
     calibration_setting: Setting | None = None
     """The first trial's setting: the catalog twin's best candidate."""
-    parameters: Metrics = Field(default_factory=dict)
+    parameters: TwinParameters = Field(default_factory=dict)
     """Fitted deployment parameters that differ from the catalog's (bwScale, stepOverheadS, ...)."""
     observations: Annotated[int, Field(ge=0)] = 0
     """Load steps the calibration was fitted on."""
@@ -1465,7 +1533,7 @@ class TwinRecord(_Status):
     """The best candidates and the measured ones, best first (what the strategy is asked with)."""
     search_seconds: float | None = None
     """Wall time of the calibration and the search."""
-    notes: Annotated[list[str], Field(max_length=10)] = Field(default_factory=list)
+    notes: Annotated[list[Line], Field(max_length=10)] = Field(default_factory=list)
     """Calibration notes (e.g. the memory outside the KV pool the measured pool implies)."""
 
 
@@ -1479,7 +1547,7 @@ class BatchTuningStatus(_Status):
     mode: ApplyMode | None = None
     """The apply mode in effect: spec.apply.mode as resolved against the target (an unset mode is Recommend, or
     PullRequest with spec.apply.git; a managed or owned target may turn Auto into Recommend)."""
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(default_factory=list)
     """Progressing, Succeeded, Failed, Degraded."""
     trials_planned: Annotated[int, Field(ge=0)] = 0
     """Trials the plan holds."""
@@ -1492,7 +1560,7 @@ class BatchTuningStatus(_Status):
     decision to end), in whole minutes: the figure its GPU budget bounds."""
     gpu_minutes_carried: Annotated[float, Field(ge=0)] = 0
     """GPU-minutes of trials no longer in status (earlier generations, rounds and plans), carried into the total."""
-    target_missing_since: datetime | None = None
+    target_missing_since: Timestamp | None = None
     """When the target Deployment was first found missing (cleared once it is found); past
     spec.trial.readinessTimeoutSeconds the tuning fails and its trials are freed."""
     baseline: Baseline | None = None
@@ -1501,9 +1569,9 @@ class BatchTuningStatus(_Status):
     """Settings never tried, and why."""
     trials: Annotated[list[TrialRecord], Field(max_length=MAX_TRIALS_IN_STATUS)] = Field(default_factory=list)
     """Every trial started, in order."""
-    best_trial: str | None = None
+    best_trial: Name | None = None
     """Name of the best trial."""
-    best_setting: str | None = None
+    best_setting: Line | None = None
     """The best trial's setting, short form (for kubectl get)."""
     knee: Knee | None = None
     """Where more batching stopped paying."""

@@ -1,0 +1,100 @@
+"""The largest object a CRD's structural schema admits, built from the schema itself (issue 22, section 9).
+
+`largest(node)` walks an openAPIV3Schema node and returns the biggest JSON value the API server would accept
+there: every list at its `maxItems` of the biggest item, every string at its `maxLength` (or its longest `enum`
+value, or the longest `date-time` under its `maxLength`), every optional field set, every number at its widest
+JSON spelling. A node with no such bound (a list without `maxItems`, a string without `maxLength` or `enum`, an
+open map, `x-kubernetes-preserve-unknown-fields`) has no largest value: it is named in `Unbounded`, so a future
+unbounded field fails the size test instead of slipping past it.
+
+Characters are counted as the API server counts `maxLength`, one per character, and written as ASCII (one byte
+each; JSON escapes could make a string of control characters up to 6 times longer).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+WIDEST_NUMBER = -2.2250738585072014e-308
+"""A finite float whose JSON spelling is the longest (24 characters)."""
+WIDEST_INT = -9223372036854775808
+"""int64's widest spelling, for an integer without a bound."""
+
+
+class Unbounded(AssertionError):
+    """A schema node without a largest value: the paths of every such node."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__("fields the CRD schema does not bound (no largest object exists):\n  " + "\n  ".join(paths))
+        self.paths = paths
+
+
+def largest(node: dict[str, Any], path: str = "") -> Any:
+    """The largest value the schema node admits; raises `Unbounded` naming every unbounded node under it."""
+    problems: list[str] = []
+    value = _largest(node, path or ".", problems)
+    if problems:
+        raise Unbounded(problems)
+    return value
+
+
+def _largest(node: dict[str, Any], path: str, problems: list[str]) -> Any:  # noqa: C901
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        problems.append(f"{path}: x-kubernetes-preserve-unknown-fields (any content)")
+        return {}
+    if node.get("x-kubernetes-int-or-string"):
+        problems.append(f"{path}: x-kubernetes-int-or-string")
+        return 0
+    kind = node.get("type")
+    if "enum" in node:
+        return max((v for v in node["enum"]), key=lambda v: len(json.dumps(v)))
+    if kind == "object":
+        out: dict[str, Any] = {}
+        if "additionalProperties" in node and node["additionalProperties"] is not False:
+            # A structural schema cannot bound a map's keys (no propertyNames): its size has no maximum.
+            problems.append(f"{path}: an open map (additionalProperties); use fixed properties")
+        for name, sub in (node.get("properties") or {}).items():
+            out[name] = _largest(sub, f"{path}.{name}" if path != "." else f".{name}", problems)
+        return out
+    if kind == "array":
+        if "maxItems" not in node:
+            problems.append(f"{path}: a list without maxItems")
+            return []
+        item = _largest(node.get("items") or {}, f"{path}[]", problems)
+        return [item] * int(node["maxItems"])
+    if kind == "string":
+        if "maxLength" not in node:
+            problems.append(f"{path}: a string without maxLength")
+            return ""
+        return "x" * int(node["maxLength"])
+    if kind == "integer":
+        bounds = [b for b in (node.get("maximum"), node.get("minimum")) if b is not None]
+        if len(bounds) < 2:
+            return WIDEST_INT
+        return max((int(b) for b in bounds), key=lambda b: len(str(b)))
+    if kind == "number":
+        return WIDEST_NUMBER
+    if kind == "boolean":
+        return False
+    problems.append(f"{path}: no type")
+    return None
+
+
+def size(value: Any) -> int:
+    """Bytes of the value as compact JSON (how the API server stores a custom resource in etcd)."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+
+if __name__ == "__main__":
+    # Where the bytes of the largest object go: `PYTHONPATH=operator python tests/unit/crd_size.py`.
+    import api_crd
+
+    found: list[str] = []
+    schema = api_crd.openapi_schema()["properties"]
+    spec, status = _largest(schema["spec"], ".spec", found), _largest(schema["status"], ".status", found)
+    trial = dict(status["trials"][0], steps=[])
+    print(f"unbounded fields (counted empty): {len(found)}")
+    print(f"spec {size(spec)} B; status {size(status)} B, of which trials {size(status['trials'])} B "
+          f"({len(status['trials'])} x {size(status['trials'][0])} B; without steps {size(trial)} B each)")

@@ -1,0 +1,135 @@
+"""The largest BatchTuning the CRD admits, and its report ConfigMap, fit in etcd (issue 22, section 9).
+
+The largest object is built from the CRD's openAPIV3Schema (`crd_size.largest`), never from hand-written
+figures: a field added without a bound makes it impossible to build, and fails here by name.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import api_crd
+import crd_size
+import pytest
+
+ETCD_LIMIT_BYTES = 1_572_864
+"""etcd's default request limit (--max-request-bytes, 1.5 MiB): a larger object cannot be written."""
+OBJECT_BUDGET_BYTES = 1_048_576
+"""What the whole object (metadata, spec and status at their largest) must stay under, well inside etcd's limit."""
+CONFIGMAP_LIMIT_BYTES = 1_048_576
+"""A ConfigMap's data and binaryData together (the API server's own check)."""
+DIFFBASE_ANNOTATION = "batchtune.io/last-handled-configuration"
+"""kopf's diff base (`handlers.configure`): a copy of the spec inside the object's own metadata."""
+
+UNBOUNDED_TODAY = pytest.mark.xfail(
+    strict=True, raises=(crd_size.Unbounded, AssertionError),
+    reason="issue 22 section 9: status.trials[].steps[] keeps every load step (and its run records) of every "
+           "trial, and the container command lines have no maxItems: the largest status the CRD admits is about "
+           "104 MB (docs/security.md)")
+
+
+def _schema() -> dict:
+    return api_crd.openapi_schema()
+
+
+def _metadata(spec: dict) -> dict:
+    """The metadata of a BatchTuning at its largest as far as batchtune shapes it: a name and namespace at
+    their limits, the finalizer, and kopf's diff base (the spec again, as JSON in an annotation)."""
+    return {
+        "name": "n" * 253, "namespace": "n" * 63, "uid": "u" * 36, "resourceVersion": "9" * 20,
+        "generation": crd_size.WIDEST_INT, "creationTimestamp": "2026-12-02T15:40:40Z",
+        "finalizers": ["batchtune.io/finalizer"],
+        "annotations": {DIFFBASE_ANNOTATION: json.dumps({"spec": spec}, separators=(",", ":"))},
+    }
+
+
+def largest_object() -> dict:
+    root = _schema()["properties"]
+    spec = crd_size.largest(root["spec"], ".spec")
+    status = crd_size.largest(root["status"], ".status")
+    return {"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning", "metadata": _metadata(spec),
+            "spec": spec, "status": status}
+
+
+def test_the_walker_finds_an_unbounded_list_string_or_map() -> None:
+    # The size test is only as good as its walker: each kind of unbounded node must be named.
+    schema = {"type": "object", "properties": {
+        "ok": {"type": "string", "maxLength": 3},
+        "list": {"type": "array", "items": {"type": "integer"}},
+        "text": {"type": "string"},
+        "map": {"type": "object", "additionalProperties": {"type": "number"}},
+        "any": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    }}
+    with pytest.raises(crd_size.Unbounded) as caught:
+        crd_size.largest(schema)
+    assert caught.value.paths == [".list: a list without maxItems", ".text: a string without maxLength",
+                                  ".map: an open map (additionalProperties); use fixed properties",
+                                  ".any: x-kubernetes-preserve-unknown-fields (any content)"]
+
+
+def test_the_walker_fills_every_bound() -> None:
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 5},
+        "state": {"type": "string", "enum": ["Done", "Infeasible"]},
+        "steps": {"type": "array", "maxItems": 3, "items": {"type": "integer", "minimum": 0, "maximum": 1000}},
+        "score": {"type": "number"},
+    }}
+    assert crd_size.largest(schema) == {"name": "xxxxx", "state": "Infeasible", "steps": [1000, 1000, 1000],
+                                        "score": crd_size.WIDEST_NUMBER}
+
+
+def test_the_largest_spec_is_bounded_and_fits() -> None:
+    spec = crd_size.largest(_schema()["properties"]["spec"], ".spec")
+    # Twice: in spec and as kopf's diff base in metadata.
+    assert 2 * crd_size.size(spec) < OBJECT_BUDGET_BYTES // 4, crd_size.size(spec)
+
+
+STILL_UNBOUNDED = [
+    # A container's command line, kept whole: production's (baseline, applied.previous: what a rollback restores),
+    # and the recommendation's. Cutting it would restore a different container (issue 22 section 9, open).
+    ".status.baseline.args", ".status.recommendation.args", ".status.recommendation.container.command",
+    ".status.recommendation.container.args", ".status.applied.previous.command", ".status.applied.previous.args",
+    ".status.applied.new.command", ".status.applied.new.args",
+]
+
+
+def test_no_status_field_is_unbounded_but_the_known_command_lines() -> None:
+    # Until the strict xfail below passes: a new unbounded field fails here, by name, today.
+    with pytest.raises(crd_size.Unbounded) as caught:
+        crd_size.largest(_schema()["properties"]["status"], ".status")
+    assert [p.split(":")[0] for p in caught.value.paths] == STILL_UNBOUNDED
+
+
+@UNBOUNDED_TODAY
+def test_the_largest_batchtuning_the_crd_admits_fits_in_etcd() -> None:
+    obj = largest_object()
+    total = crd_size.size(obj)
+    assert total <= OBJECT_BUDGET_BYTES, (
+        f"the largest BatchTuning is {total} bytes (status {crd_size.size(obj['status'])}, spec "
+        f"{crd_size.size(obj['spec'])}): over the {OBJECT_BUDGET_BYTES}-byte budget (etcd: {ETCD_LIMIT_BYTES})")
+
+
+@UNBOUNDED_TODAY
+def test_the_report_configmap_of_the_largest_status_fits() -> None:
+    from batchtune.controller.reports import configmap
+
+    obj = largest_object()
+    body = configmap("n" * 63, "n" * 253, "u" * 36, obj["spec"], obj["status"], b"\x89PNG" + b"\0" * 900_000,
+                     "2026-12-02 15:40 UTC")
+    # As the API server counts a ConfigMap: data's keys and values, binaryData's keys and decoded bytes.
+    held = sum(len(k) + len(v.encode()) for k, v in body["data"].items()) + \
+        sum(len(k) + len(base64.b64decode(v)) for k, v in (body.get("binaryData") or {}).items())
+    assert held <= CONFIGMAP_LIMIT_BYTES, f"the report ConfigMap holds {held} bytes: {sorted(body['data'])}"
+    assert crd_size.size(body) < ETCD_LIMIT_BYTES
+
+
+def test_the_twin_parameters_status_keeps_are_every_fitted_parameter() -> None:
+    import dataclasses
+
+    from batchtune.api.models import TWIN_PARAMETER_KEYS, camel
+    from batchtune.twin.params import GenericStepModel, TwinParams
+
+    fields = [camel(f.name) for f in dataclasses.fields(TwinParams) if f.name != "generic"]
+    generic = [camel(f"generic_{f.name}") for f in dataclasses.fields(GenericStepModel)]
+    assert sorted(TWIN_PARAMETER_KEYS) == sorted(fields + generic)
