@@ -277,8 +277,8 @@ def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte():
     assert base64.b64encode(png).decode() in page and body["binaryData"]["curves.png"]
     # A status as large as status can be: the least needed goes first, and the ConfigMap never breaks.
     big = copy.deepcopy(bt["status"])
-    big["trials"] = [dict(copy.deepcopy(bt["status"]["trials"][i % 4]), name=f"tune-trial-{i}", message="m" * 1000,
-                          verdictReason="v" * 1000) for i in range(256)]
+    big["trials"] = [dict(copy.deepcopy(bt["status"]["trials"][i % 4]), name=f"tune-trial-{i}", message="m" * 2000,
+                          verdictReason="v" * 500) for i in range(256)]  # each text at its status bound
     shed = []
     for size in range(8, 257, 8):
         body = configmap("inference", "tune", "uid-1", bt["spec"], dict(big, trials=big["trials"][:size]), png)
