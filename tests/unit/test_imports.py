@@ -90,3 +90,15 @@ def test_the_load_generators_names_load_on_first_use():
     assert set(loadgen.__all__) <= set(loadgen._WHERE)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         loadgen.nothing  # noqa: B018
+
+
+def test_the_operator_loads_no_git_client_plotting_or_numpy():
+    # What `batchtune operator` imports before its first tick (controller/main.py's run): dulwich (~3 MB of RSS) loads
+    # only when a PullRequest tick asks for a repository (controller.giterrors holds what the loop catches),
+    # matplotlib only in the report image's own process, numpy only with the twin or the load generator.
+    script = ("import sys; from batchtune.controller import handlers, telemetry; "
+              "print(*(any(m == top or m.startswith(top + '.') for m in sys.modules) "
+              "for top in ('dulwich', 'matplotlib', 'numpy')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "False"]

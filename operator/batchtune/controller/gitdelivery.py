@@ -21,7 +21,7 @@ from typing import Any
 
 from batchtune.api import PullRequestRecord
 from batchtune.controller.forge import ForgeError, api_url
-from batchtune.controller.gitremote import GitError
+from batchtune.controller.giterrors import GitError
 from batchtune.controller.ports import NotAllowed
 from batchtune.controller.tick import Target, Tick
 from batchtune.core import gitwrite

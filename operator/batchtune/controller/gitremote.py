@@ -25,15 +25,13 @@ from dulwich.object_store import commit_tree_changes
 from dulwich.objects import Blob, Commit
 from dulwich.repo import MemoryRepo
 
+from batchtune.controller.giterrors import GitError
+
 AUTHOR = b"batchtune <batchtune@users.noreply.batchtune.io>"
 FILE_MODE = 0o100644
 TIMEOUT_SECONDS = 30.0
 _ERRORS = (GitProtocolError, HangupException, NotGitRepository, HTTPUnauthorized, HTTPProxyUnauthorized, OSError,
            urllib3.exceptions.HTTPError)
-
-
-class GitError(Exception):
-    """The repository could not be read or written (the message carries no credentials)."""
 
 
 @dataclass(frozen=True)
