@@ -294,22 +294,8 @@ def test_a_huge_and_a_dripping_prometheus_neither_stall_a_rollback_nor_take_the_
              what="production's rollback rolled out")
     assert container_of(kube, namespace, "llm")["args"] == before["args"]
 
-    # The hostile servers were dialed, and each answer was cut: the huge one read only up to the byte cap, the
-    # dripping one let go at the query's deadline (and dialed again after the back-off: the worker was free).
-    for name in hostile:
-        wait_status(kube, namespace, name, lambda s: any(
-            c["type"] == "Degraded" and c["reason"] == "PrometheusUnreachable" for c in s.get("conditions") or []),
-            30, operator, "Degraded with PrometheusUnreachable")
-    huge, drip = hostile["huge"], hostile["dripping"]
-    assert huge.connections and all(c.sent < HUGE_BYTES for c in huge.connections), (
-        f"the operator read a whole {HUGE_BYTES}-byte answer: {[c.sent for c in huge.connections]}")
-    assert len(drip.connections) >= 2 and max(drip.held()) <= QUERY_DEADLINE_SECONDS + HOLD_MARGIN_SECONDS, (
-        f"the dripping server's connections were held {drip.held()} s; the query deadline is "
-        f"{QUERY_DEADLINE_SECONDS:g} s")
-    assert "deadline" in condition(get_bt(kube, namespace, "dripping"), "Degraded")["message"]
-    assert "bytes" in condition(get_bt(kube, namespace, "huge"), "Degraded")["message"]
-
     # The operator's memory stayed under the chart's limit throughout (sampled, and the kernel's high-water mark).
+    huge, drip = hostile["huge"], hostile["dripping"]
     peak_hwm = memory.read("VmHWM")
     memory.stop()
     assert memory.samples and peak_hwm is not None
@@ -321,4 +307,18 @@ def test_a_huge_and_a_dripping_prometheus_neither_stall_a_rollback_nor_take_the_
     assert peak < install.memory_limit, (
         f"the operator's RSS peaked at {peak / 2**20:.0f} MiB, over the chart's limit "
         f"{install.memory_limit / 2**20:.0f} MiB")
+    # The hostile servers were dialed, and each answer was cut: the huge one read only up to the byte cap, the
+    # dripping one let go at the query's deadline (and dialed again after the back-off: the worker was free).
+    assert huge.connections and all(c.sent < HUGE_BYTES for c in huge.connections), (
+        f"the operator read a whole {HUGE_BYTES}-byte answer: {[c.sent for c in huge.connections]}")
+    assert len(drip.connections) >= 2 and max(drip.held()) <= QUERY_DEADLINE_SECONDS + HOLD_MARGIN_SECONDS, (
+        f"the dripping server's connections were held {drip.held()} s; the query deadline is "
+        f"{QUERY_DEADLINE_SECONDS:g} s")
+    for name in hostile:
+        wait_status(kube, namespace, name, lambda s: any(
+            c["type"] == "Degraded" and c["reason"] == "PrometheusUnreachable" for c in s.get("conditions") or []),
+            30, operator, "Degraded with PrometheusUnreachable")
+    assert "deadline" in condition(get_bt(kube, namespace, "dripping"), "Degraded")["message"]
+    assert "bytes" in condition(get_bt(kube, namespace, "huge"), "Degraded")["message"]
+
     assert operator.alive()
