@@ -173,13 +173,14 @@ class Operator:
 
 
 def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path,
-                     extra_args: tuple[str, ...] = ()) -> Iterator[Operator]:
+                     extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[Operator]:
     """The body of an `operator` fixture: the operator for the test, then its BatchTunings deleted while
-    it still runs (so their finalizer is honoured and the namespace can go), then stopped."""
+    it still runs (so their finalizer is honoured and the namespace can go), then stopped. `env`: extra
+    environment for every start (install settings the chart passes as variables, e.g. BATCHTUNE_WORKERS)."""
     op = Operator(Path(operator_kubeconfig), namespace, log_dir, extra_args)
-    op.start()
+    op.start(env)
     yield op
-    op.start() if op.proc is None or op.proc.poll() is not None else None
+    op.start(env) if op.proc is None or op.proc.poll() is not None else None
     kube.custom.delete_collection_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and kube.custom.list_namespaced_custom_object(
