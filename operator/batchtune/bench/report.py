@@ -31,12 +31,24 @@ def _recheck(run: StrategyRun) -> str:
     return f"{head} ({run.noisy_violations}/{RECHECK_REPEATS} noisy)"
 
 
+def realities(result: BenchResult) -> str:
+    """Which realities the result stands on, and whether they were held out from the rules' development."""
+    from batchtune.bench.seeds import format_seeds
+
+    if not result.truth_seeds:
+        return f"truth {result.truth} (no truth seeds)"
+    dev = format_seeds(result.development_truth_seeds)
+    state = (f"held out (the rules were developed on truth seed(s) {dev})" if result.held_out
+             else f"NOT held out: includes the development truth seed(s) {dev}")
+    return f"truth {result.truth}, truth seeds {format_seeds(result.truth_seeds)}, {state}"
+
+
 def detail_rows(result: BenchResult) -> list[list[str]]:
     rows = []
     for sc in result.scenarios:
         for run in sc.runs:
             rows.append([
-                sc.scenario, run.strategy, run.chosen or "-", f"{run.objective:.3g}",
+                sc.case, run.strategy, run.chosen or "-", f"{run.objective:.3g}",
                 f"{100 * run.regret:.1f}%", _recheck(run), str(run.trials), f"{run.gpu_minutes:.1f}", _ratio(sc, run),
             ])
     return rows
@@ -57,7 +69,7 @@ def _floor(sc: ScenarioResult) -> float:
 
 def oracle_rows(result: BenchResult) -> list[list[str]]:
     return [[
-        sc.scenario, sc.objective_unit, sc.oracle_setting, f"{sc.oracle_objective:.3g}",
+        sc.case, sc.objective_unit, sc.oracle_setting, f"{sc.oracle_objective:.3g}",
         f"{sc.tuner_grid_best:.3g} ({_floor(sc):.1f}%)", f"{sc.oracle_feasible}/{sc.oracle_grid}", "yes" if sc.best_gmu_below_max else "no",
         f"{sc.saturation_preemptions_per_s:.2f}",
     ] for sc in result.scenarios]
@@ -93,7 +105,7 @@ def prediction_rows(result: BenchResult) -> list[list[str]]:
                 if "setting" not in p:
                     continue
                 agrees = p.get("agrees")
-                rows.append([sc.scenario, run.strategy, str(p["setting"]), num(p.get("predicted_objective")),
+                rows.append([sc.case, run.strategy, str(p["setting"]), num(p.get("predicted_objective")),
                              num(p.get("measured_objective")), num(p.get("predicted_load")),
                              num(p.get("first_step_load")), "-" if agrees is None else ("yes" if agrees else "no"),
                              str(p.get("worst") or "")])
@@ -119,7 +131,8 @@ def print_tables(result: BenchResult) -> None:
         console.print(table)
     for check in result.checks:
         console.print(f"[red]Scenario check failed:[/red] {check}")
-    console.print(f"seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios in {result.seconds:.0f} s")
+    console.print(f"{realities(result)}; seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} cases "
+                  f"in {result.seconds:.0f} s")
 
 
 def markdown(result: BenchResult) -> str:
@@ -139,13 +152,14 @@ def markdown(result: BenchResult) -> str:
                   table(PREDICTION_HEADERS, predicted)]
     if result.checks:
         parts += ["### Scenario checks that failed", "\n".join(f"- {c}" for c in result.checks)]
-    parts.append(f"truth {result.truth}, seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios, "
-                 f"{result.seconds:.0f} s")
+    parts.append(f"{realities(result)}; seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} cases "
+                 f"(scenario x truth seed), {result.seconds:.0f} s")
     return "\n\n".join(parts) + "\n"
 
 
 def to_json(result: BenchResult) -> str:
     data: dict[str, Any] = result.to_json()
     data["baseline"] = BASELINE
+    data["held_out"] = result.held_out
     data["targets"] = {"regret": REGRET_TARGET, "gpu_minutes_ratio": GPU_MINUTES_RATIO_TARGET}
     return json.dumps(data, indent=2, default=str)
