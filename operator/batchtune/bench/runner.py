@@ -172,13 +172,14 @@ def run_scenario(
     choices: list[tuple[str, Choice, SimTestbed]] = []
     for strategy in strategies:
         name = _name(strategy)
-        testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, name), noise, cost)
+        # One world for every strategy (common random numbers): the testbed keys each reading's noise by the step.
+        testbed = SimTestbed(scenario, truth, seed, noise, cost)
         choice = strategy.tune(testbed, scenario, seed=seed)
         choices.append((name, choice, testbed))
     if with_tpe:
         budget = next((tb.ledger.starts for n, _, tb in choices if n == "adaptive"), 12)
         tpe = OptunaTpe(budget=max(1, budget))
-        testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, tpe.name), noise, cost)
+        testbed = SimTestbed(scenario, truth, seed, noise, cost)
         choices.append((tpe.name, tpe.tune(testbed, scenario, seed=seed), testbed))
     extra = [c.knobs for _, c, _ in choices if c.knobs is not None] + scenario.tuner_space.grid()
     oracle = run_oracle(judge, extra=extra)
@@ -223,8 +224,12 @@ def _judge_choice(
     value = judge.objective(choice.knobs).objective
     load = _recheck_load(judge, choice)
     violates = load is None or not judge.holds(choice.knobs, load)
+    # The re-check's noise is the world's and the setting's, not the strategy's: two strategies that chose the same
+    # setting and load get the same re-check (common random numbers).
     noisy = RECHECK_REPEATS if load is None else judge.noisy_violations(
-        choice.knobs, load, repeats=RECHECK_REPEATS, noise=noise, seed=derive_seed(seed, name, "recheck"))
+        choice.knobs, load, repeats=RECHECK_REPEATS, noise=noise,
+        seed=derive_seed(seed, judge.scenario.name, getattr(judge.truth, "truth_seed", None), "recheck",
+                         choice.knobs.label(), load.kind, repr(load.value)))
     return make_run(
         chosen=choice.knobs.label(),
         chosen_knobs=asdict(choice.knobs),
