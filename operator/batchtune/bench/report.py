@@ -112,6 +112,34 @@ def prediction_rows(result: BenchResult) -> list[list[str]]:
     return rows
 
 
+PAIRED_HEADERS = ["default", "against", "cases", "default better / worse / tied",
+                  "mean regret difference (other - default)", "95% bootstrap CI", "sign test p (two-sided)"]
+DISTRIBUTION_HEADERS = ["strategy", "cases", "median regret", "p90 regret", "max regret", "regret <= 1%",
+                        "regret <= 3%", "SLO-violating", "no choice", "unsafe (burst OOM)"]
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:+.1f}%" if value == value else "-"
+
+
+def paired_rows(result: BenchResult) -> list[list[str]]:
+    from batchtune.bench.paired import paired_comparisons
+
+    return [[
+        c.default, c.other, str(c.cases), f"{c.default_better} / {c.other_better} / {c.ties}",
+        _pct(c.mean_difference), f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}]", f"{c.sign_test_p:.3g}",
+    ] for c in paired_comparisons(result.scenarios, seed=result.seed)]
+
+
+def distribution_rows(result: BenchResult) -> list[list[str]]:
+    from batchtune.bench.paired import distributions
+
+    return [[
+        d.strategy, str(d.cases), f"{100 * d.median:.1f}%", f"{100 * d.p90:.1f}%", f"{100 * d.max:.1f}%",
+        f"{d.within_1pct}/{d.cases}", f"{d.within_3pct}/{d.cases}", str(d.violating), str(d.no_choice), str(d.unsafe),
+    ] for d in distributions(result.scenarios)]
+
+
 def print_tables(result: BenchResult) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -122,6 +150,8 @@ def print_tables(result: BenchResult) -> None:
         ("Strategies per scenario", DETAIL_HEADERS, detail_rows(result)),
         (f"Summary (targets: regret <= {REGRET_TARGET:.0%} everywhere, no violating choice, "
          f"median GPU-min <= {GPU_MINUTES_RATIO_TARGET:.0%} of {BASELINE})", SUMMARY_HEADERS, summary_rows(result)),
+        ("Regret per strategy over the cases (scenario x truth seed)", DISTRIBUTION_HEADERS, distribution_rows(result)),
+        ("The default paired with each strategy, case by case", PAIRED_HEADERS, paired_rows(result)),
     ):
         table = Table(title=title, title_justify="left")
         for header in headers:
@@ -143,6 +173,12 @@ def markdown(result: BenchResult) -> str:
 
     parts = [
         "### Summary", table(SUMMARY_HEADERS, summary_rows(result)),
+        "### Regret per strategy over the cases (scenario x truth seed)",
+        table(DISTRIBUTION_HEADERS, distribution_rows(result)),
+        "### The default paired with each strategy, case by case",
+        "Per case the regret difference, other minus the default (> 0 favours the default); the sign test drops "
+        "ties, the bootstrap resamples the cases.",
+        table(PAIRED_HEADERS, paired_rows(result)),
         "### Oracle", table(ORACLE_HEADERS, oracle_rows(result)),
         "### Per scenario", table(DETAIL_HEADERS, detail_rows(result)),
     ]

@@ -48,6 +48,8 @@ class StrategyRun:
     note: str
     predictions: tuple[dict[str, Any], ...] = ()
     """Twin-guided strategies: predicted against measured for every trial launched on a prediction."""
+    unsafe: bool = False
+    """A full token-budget burst crashes the chosen setting on the truth (the runtime-OOM rule, `core.burst`)."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,9 @@ def _judge_choice(
         return make_run(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
                         violates=False, noisy_violations=0)
     value = judge.objective(choice.knobs).objective
+    burst = getattr(judge.truth, "burst_failure", None)
+    unsafe = bool(burst(judge.scenario, choice.knobs)) if burst is not None and judge.truth.startup(
+        judge.scenario, choice.knobs).ok else False
     load = _recheck_load(judge, choice)
     violates = load is None or not judge.holds(choice.knobs, load)
     # The re-check's noise is the world's and the setting's, not the strategy's: two strategies that chose the same
@@ -238,6 +243,7 @@ def _judge_choice(
         regret=regret(oracle.objective, value),
         violates=violates,
         noisy_violations=noisy,
+        unsafe=unsafe,
     )
 
 
