@@ -97,6 +97,12 @@ class RegretDistribution:
     no_choice: int
     unsafe: int
     """Choices that a full token-budget burst crashes (the runtime-OOM rule, `core.burst`)."""
+    policy_median: float = math.nan
+    """The same figures of the policy-consistent regret (`bench.policy`)."""
+    policy_p90: float = math.nan
+    policy_max: float = math.nan
+    policy_within_1pct: int = 0
+    policy_within_3pct: int = 0
 
 
 def _runs_by_case(results: Sequence[ScenarioResult]) -> dict[str, dict[str, StrategyRun]]:
@@ -134,10 +140,13 @@ def distributions(results: Sequence[ScenarioResult]) -> tuple[RegretDistribution
     for name in strategy_names(results):
         runs = [run for r in results for run in r.runs if run.strategy == name]
         regrets = [run.regret for run in runs]
+        policy = [run.policy_regret for run in runs]
         out.append(RegretDistribution(
             strategy=name, cases=len(runs), median=quantile(regrets, 0.5), p90=quantile(regrets, 0.9),
             max=max(regrets, default=math.nan), within_1pct=sum(r <= 0.01 + TIE for r in regrets),
             within_3pct=sum(r <= 0.03 + TIE for r in regrets), violating=sum(run.violates for run in runs),
             no_choice=sum(run.chosen is None for run in runs), unsafe=sum(run.unsafe for run in runs),
+            policy_median=quantile(policy, 0.5), policy_p90=quantile(policy, 0.9), policy_max=max(policy, default=math.nan),
+            policy_within_1pct=sum(r <= 0.01 + TIE for r in policy), policy_within_3pct=sum(r <= 0.03 + TIE for r in policy),
         ))
     return tuple(out)

@@ -11,6 +11,7 @@ from typing import Any
 
 from batchtune.bench.evaluate import Judge
 from batchtune.bench.oracle import OracleResult, regret, run_oracle
+from batchtune.bench.policy import POLICY_HEADROOM_PCT, policy_pick, policy_regret, tightened
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.seeds import DEVELOPMENT_TRUTH_SEEDS
 from batchtune.bench.strategies.autotune import AutoTune
@@ -50,6 +51,8 @@ class StrategyRun:
     """Twin-guided strategies: predicted against measured for every trial launched on a prediction."""
     unsafe: bool = False
     """A full token-budget burst crashes the chosen setting on the truth (the runtime-OOM rule, `core.burst`)."""
+    policy_regret: float = 0.0
+    """Regret against the policy-consistent oracle (`bench.policy`): the selection policy applied to the truth."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,15 @@ class ScenarioResult:
     """The ground truth the scenario was judged on (for a perturbed one: its hidden parameters)."""
     truth_seed: int | None = None
     """The hidden reality's seed (None on a truth without seeds: the nominal twin, a test's)."""
+    policy_setting: str | None = None
+    """What the selection policy (SLO headroom, knee rule) picks from the strategies' grid on the true values."""
+    policy_objective: float = 0.0
+    """Its true objective at the scenario's own SLO."""
+
+    @property
+    def policy_gives_up(self) -> float:
+        """What the policy itself costs against the unconstrained best, 1 - policy / oracle."""
+        return regret(self.oracle_objective, self.policy_objective)
 
     @property
     def case(self) -> str:
@@ -186,11 +198,19 @@ def run_scenario(
     extra = [c.knobs for _, c, _ in choices if c.knobs is not None] + scenario.tuner_space.grid()
     oracle = run_oracle(judge, extra=extra)
     tuner_best = max(judge.objective(k).objective for k in scenario.tuner_space.grid())
+    tight = Judge(tightened(scenario, POLICY_HEADROOM_PCT), truth, window_s=judge.window_s)
+    if use_cache:
+        from batchtune.bench.cache import load_into
+
+        load_into(tight)
+    pick = policy_pick(judge, truth, tight_judge=tight)
     if use_cache:
         from batchtune.bench.cache import save_from
 
         save_from(judge)
-    runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise) for name, choice, testbed in choices)
+        save_from(tight)
+    runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise, pick.objective)
+                 for name, choice, testbed in choices)
     best = oracle.best
     return ScenarioResult(
         scenario=scenario.name,
@@ -208,11 +228,14 @@ def run_scenario(
         seconds=time.monotonic() - started,
         truth=describe(scenario) if (describe := getattr(truth, "describe", None)) is not None else "",
         truth_seed=truth_seed,
+        policy_setting=pick.knobs.label() if pick.knobs is not None else None,
+        policy_objective=pick.objective,
     )
 
 
 def _judge_choice(
-    judge: Judge, oracle: OracleResult, name: str, choice: Choice, testbed: SimTestbed, seed: int, noise: float
+    judge: Judge, oracle: OracleResult, name: str, choice: Choice, testbed: SimTestbed, seed: int, noise: float,
+    policy_objective: float = 0.0,
 ) -> StrategyRun:
     ledger = testbed.ledger
     make_run = partial(
@@ -222,7 +245,7 @@ def _judge_choice(
     )
     if choice.knobs is None:
         return make_run(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
-                        violates=False, noisy_violations=0)
+                        violates=False, noisy_violations=0, policy_regret=policy_regret(policy_objective, 0.0))
     value = judge.objective(choice.knobs).objective
     burst = getattr(judge.truth, "burst_failure", None)
     unsafe = bool(burst(judge.scenario, choice.knobs)) if burst is not None and judge.truth.startup(
@@ -244,6 +267,7 @@ def _judge_choice(
         violates=violates,
         noisy_violations=noisy,
         unsafe=unsafe,
+        policy_regret=policy_regret(policy_objective, value),
     )
 
 
