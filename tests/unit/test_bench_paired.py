@@ -112,6 +112,8 @@ def test_the_judge_marks_a_choice_a_full_burst_crashes_as_unsafe() -> None:
     safe = _judge_choice(judge, oracle, "a", Choice(Knobs(8, 90), load), testbed, 0, 0.0)
     unsafe = _judge_choice(judge, oracle, "b", Choice(Knobs(128, 90), load), testbed, 0, 0.0)
     assert not safe.unsafe and unsafe.unsafe
+    # The judge applies the runtime-OOM rule to every choice: an unsafe one is a violation, whatever it holds.
+    assert unsafe.violates and not safe.violates
     assert unsafe.regret == 1.0  # the oracle already scores a burst crash 0
 
 

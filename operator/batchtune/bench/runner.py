@@ -40,7 +40,8 @@ class StrategyRun:
     """Noise-free objective of the chosen setting."""
     regret: float
     violates: bool
-    """The chosen setting misses the SLO at the load it claims (noise-free); False when nothing was chosen."""
+    """The chosen setting misses the SLO at the load it claims (noise-free) or is `unsafe`; False when nothing was
+    chosen."""
     noisy_violations: int
     trials: int
     failed_starts: int
@@ -251,7 +252,8 @@ def _judge_choice(
     unsafe = bool(burst(judge.scenario, choice.knobs)) if burst is not None and judge.truth.startup(
         judge.scenario, choice.knobs).ok else False
     load = _recheck_load(judge, choice)
-    violates = load is None or not judge.holds(choice.knobs, load)
+    # An unsafe choice is a violation: the first full token-budget burst in production crashes it.
+    violates = unsafe or load is None or not judge.holds(choice.knobs, load)
     # The re-check's noise is the world's and the setting's, not the strategy's: two strategies that chose the same
     # setting and load get the same re-check (common random numbers).
     noisy = RECHECK_REPEATS if load is None else judge.noisy_violations(
