@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from bench_fixtures import TINY
+
 from batchtune.bench.runner import run_scenario
-from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.strategies.doubling import Doubling
 from batchtune.bench.synthetic import SyntheticTruth
 from batchtune.bench.testbed import SimTestbed
-from batchtune.bench.types import Knobs, Load, Slo
+from batchtune.bench.types import Knobs, Load
 
-TINY = Scenario(
-    name="tiny", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=512, output_len=128,
-    slo=Slo({"p95_ttft_ms": 500.0, "p95_itl_ms": 30.0}),
-    tuner_space=KnobGrid((8, 32, 128), (90, 95)),
-    oracle_space=KnobGrid((8, 16, 32, 64, 128), (90, 95)),
-    sim_window_s=10.0,
-)
 A, B = Knobs(32, 90), Knobs(128, 95)
 LOW, HIGH = Load("request_rate", 2.0), Load("request_rate", 6.0)
 

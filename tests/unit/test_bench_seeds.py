@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 
 import pytest
+from bench_fixtures import TINY
 
 from batchtune.bench.runner import BenchResult, load_result, run_bench
-from batchtune.bench.scenarios import KnobGrid, Scenario
 from batchtune.bench.seeds import (
     DEVELOPMENT_TRUTH_SEEDS,
     REPORTING_TRUTH_SEEDS,
@@ -20,15 +20,6 @@ from batchtune.bench.strategies.base import TuningStrategy
 from batchtune.bench.strategies.doubling import Doubling
 from batchtune.bench.strategies.hillclimb import HillClimb
 from batchtune.bench.synthetic import SyntheticTruth
-from batchtune.bench.types import Slo
-
-TINY = Scenario(
-    name="tiny", summary="synthetic", model="Llama-3.1-8B", gpu="H100", input_len=512, output_len=128,
-    slo=Slo({"p95_ttft_ms": 500.0, "p95_itl_ms": 30.0}),
-    tuner_space=KnobGrid((8, 32, 128), (90, 95)),
-    oracle_space=KnobGrid((8, 16, 32, 64, 128), (90, 95)),
-    sim_window_s=10.0,
-)
 
 
 @dataclass(frozen=True)
