@@ -1,5 +1,5 @@
-"""A JSON cache of noise-free evaluations under ~/.cache/batchtune/bench, keyed by the scenario and
-the twin's source, so a second full run skips the oracle's thousands of simulations."""
+"""A JSON cache of noise-free evaluations under ~/.cache/batchtune/bench, keyed by every input that changes them
+(`cache_key`), so a second full run skips the oracle's thousands of simulations."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from batchtune.bench.evaluate import Evaluation, Judge
 from batchtune.bench.types import Knobs, Load
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def cache_dir() -> Path:
@@ -27,23 +27,35 @@ STRATEGY_SIDE = frozenset({"calibration.py", "cli_calibrate.py", "cli_predict.py
                            "metrics.py", "observations.py", "prefilter.py", "server.py", "steady.py"})
 
 
-def _twin_fingerprint() -> str:
-    import batchtune.bench.loadsearch as loadsearch
-    import batchtune.bench.reality as reality
+def fingerprint_sources() -> list[Path]:
+    """Every source whose code decides a noise-free evaluation: the twin (less its strategy side), the truths
+    (`twin_truth.py`, `reality.py`), the judge itself (`evaluate.py`: the burst rule, the shared evaluations), its
+    capacity search (`loadsearch.py`), the scenarios' derived figures (`scenarios.py`: windows, grids) and the value
+    types (`types.py`: the SLO's test)."""
+    import batchtune.bench as bench
     import batchtune.twin as twin
 
-    digest = hashlib.sha256()
+    here = Path(bench.__file__).parent
     sources = [p for p in sorted(Path(twin.__file__).parent.glob("*.py")) if p.name not in STRATEGY_SIDE]
-    for path in sources + [Path(loadsearch.__file__), Path(reality.__file__)]:
+    return sources + [here / name for name in ("evaluate.py", "loadsearch.py", "reality.py", "scenarios.py",
+                                               "twin_truth.py", "types.py")]
+
+
+def _twin_fingerprint() -> str:
+    digest = hashlib.sha256()
+    for path in fingerprint_sources():
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def cache_key(judge: Judge) -> str:
+    """The judge's window, the scenario (every field), the truth (its class, its every field and, where it has one,
+    its own description, a hidden reality's parameters) and the sources that compute an evaluation."""
     describe = getattr(judge.truth, "describe", None)
-    truth = describe(judge.scenario) if describe is not None else type(judge.truth).__name__
-    text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{truth}|{_twin_fingerprint()}"
+    truth = describe(judge.scenario) if describe is not None else ""
+    kind = f"{type(judge.truth).__module__}.{type(judge.truth).__qualname__}"
+    text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{kind}|{judge.truth!r}|{truth}|{_twin_fingerprint()}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from batchtune.bench.policy import POLICY_HEADROOM_PCT
 from batchtune.bench.runner import (
     BASELINE,
     GPU_MINUTES_RATIO_TARGET,
@@ -31,12 +32,24 @@ def _recheck(run: StrategyRun) -> str:
     return f"{head} ({run.noisy_violations}/{RECHECK_REPEATS} noisy)"
 
 
+def realities(result: BenchResult) -> str:
+    """Which realities the result stands on, and whether they were held out from the rules' development."""
+    from batchtune.bench.seeds import format_seeds
+
+    if not result.truth_seeds:
+        return f"truth {result.truth} (no truth seeds)"
+    dev = format_seeds(result.development_truth_seeds)
+    state = (f"held out (the rules were developed on truth seed(s) {dev})" if result.held_out
+             else f"NOT held out: includes the development truth seed(s) {dev}")
+    return f"truth {result.truth}, truth seeds {format_seeds(result.truth_seeds)}, {state}"
+
+
 def detail_rows(result: BenchResult) -> list[list[str]]:
     rows = []
     for sc in result.scenarios:
         for run in sc.runs:
             rows.append([
-                sc.scenario, run.strategy, run.chosen or "-", f"{run.objective:.3g}",
+                sc.case, run.strategy, run.chosen or "-", f"{run.objective:.3g}",
                 f"{100 * run.regret:.1f}%", _recheck(run), str(run.trials), f"{run.gpu_minutes:.1f}", _ratio(sc, run),
             ])
     return rows
@@ -57,7 +70,7 @@ def _floor(sc: ScenarioResult) -> float:
 
 def oracle_rows(result: BenchResult) -> list[list[str]]:
     return [[
-        sc.scenario, sc.objective_unit, sc.oracle_setting, f"{sc.oracle_objective:.3g}",
+        sc.case, sc.objective_unit, sc.oracle_setting, f"{sc.oracle_objective:.3g}",
         f"{sc.tuner_grid_best:.3g} ({_floor(sc):.1f}%)", f"{sc.oracle_feasible}/{sc.oracle_grid}", "yes" if sc.best_gmu_below_max else "no",
         f"{sc.saturation_preemptions_per_s:.2f}",
     ] for sc in result.scenarios]
@@ -93,11 +106,53 @@ def prediction_rows(result: BenchResult) -> list[list[str]]:
                 if "setting" not in p:
                     continue
                 agrees = p.get("agrees")
-                rows.append([sc.scenario, run.strategy, str(p["setting"]), num(p.get("predicted_objective")),
+                rows.append([sc.case, run.strategy, str(p["setting"]), num(p.get("predicted_objective")),
                              num(p.get("measured_objective")), num(p.get("predicted_load")),
                              num(p.get("first_step_load")), "-" if agrees is None else ("yes" if agrees else "no"),
                              str(p.get("worst") or "")])
     return rows
+
+
+PAIRED_HEADERS = ["default", "against", "cases", "default better / worse / tied",
+                  "mean regret difference (other - default)", "95% bootstrap CI", "sign test p (two-sided)"]
+DISTRIBUTION_HEADERS = ["strategy", "cases", "policy regret median / p90 / max", "policy regret <= 1%",
+                        "policy regret <= 3%", "raw regret median / p90 / max", "raw regret <= 1%", "raw regret <= 3%",
+                        "SLO-violating", "no choice", "unsafe (burst OOM)"]
+POLICY_HEADERS = ["case", "oracle best (unconstrained)", "value", "policy's pick (headroom, knee)", "value",
+                  "the policy gives up"]
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:+.1f}%" if value == value else "-"
+
+
+def paired_rows(result: BenchResult) -> list[list[str]]:
+    from batchtune.bench.paired import paired_comparisons
+
+    return [[
+        c.default, c.other, str(c.cases), f"{c.default_better} / {c.other_better} / {c.ties}",
+        _pct(c.mean_difference), f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}]", f"{c.sign_test_p:.3g}",
+    ] for c in paired_comparisons(result.scenarios, seed=result.seed)]
+
+
+def distribution_rows(result: BenchResult) -> list[list[str]]:
+    from batchtune.bench.paired import distributions
+
+    def three(a: float, b: float, c: float) -> str:
+        return f"{100 * a:.1f}% / {100 * b:.1f}% / {100 * c:.1f}%"
+
+    return [[
+        d.strategy, str(d.cases), three(d.policy_median, d.policy_p90, d.policy_max),
+        f"{d.policy_within_1pct}/{d.cases}", f"{d.policy_within_3pct}/{d.cases}", three(d.median, d.p90, d.max),
+        f"{d.within_1pct}/{d.cases}", f"{d.within_3pct}/{d.cases}", str(d.violating), str(d.no_choice), str(d.unsafe),
+    ] for d in distributions(result.scenarios)]
+
+
+def policy_rows(result: BenchResult) -> list[list[str]]:
+    return [[
+        sc.case, sc.oracle_setting, f"{sc.oracle_objective:.3g}", sc.policy_setting or "none",
+        f"{sc.policy_objective:.3g}", f"{100 * sc.policy_gives_up:.1f}%",
+    ] for sc in result.scenarios]
 
 
 def print_tables(result: BenchResult) -> None:
@@ -110,6 +165,10 @@ def print_tables(result: BenchResult) -> None:
         ("Strategies per scenario", DETAIL_HEADERS, detail_rows(result)),
         (f"Summary (targets: regret <= {REGRET_TARGET:.0%} everywhere, no violating choice, "
          f"median GPU-min <= {GPU_MINUTES_RATIO_TARGET:.0%} of {BASELINE})", SUMMARY_HEADERS, summary_rows(result)),
+        ("Regret per strategy over the cases (scenario x truth seed)", DISTRIBUTION_HEADERS, distribution_rows(result)),
+        ("The default paired with each strategy, case by case", PAIRED_HEADERS, paired_rows(result)),
+        ("What the selection policy itself gives up (the truth's values, the strategies' grid)", POLICY_HEADERS,
+         policy_rows(result)),
     ):
         table = Table(title=title, title_justify="left")
         for header in headers:
@@ -119,7 +178,8 @@ def print_tables(result: BenchResult) -> None:
         console.print(table)
     for check in result.checks:
         console.print(f"[red]Scenario check failed:[/red] {check}")
-    console.print(f"seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios in {result.seconds:.0f} s")
+    console.print(f"{realities(result)}; seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} cases "
+                  f"in {result.seconds:.0f} s")
 
 
 def markdown(result: BenchResult) -> str:
@@ -130,6 +190,17 @@ def markdown(result: BenchResult) -> str:
 
     parts = [
         "### Summary", table(SUMMARY_HEADERS, summary_rows(result)),
+        "### Regret per strategy over the cases (scenario x truth seed)",
+        table(DISTRIBUTION_HEADERS, distribution_rows(result)),
+        "### The default paired with each strategy, case by case",
+        "Per case the regret difference, other minus the default (> 0 favours the default); the sign test drops "
+        "ties, the bootstrap resamples the cases.",
+        table(PAIRED_HEADERS, paired_rows(result)),
+        "### What the selection policy itself gives up",
+        f"The policy-consistent oracle: `core.selection` (SLO less {POLICY_HEADROOM_PCT}% headroom, the knee rule) "
+        "applied to every setting of the strategies' grid at its true value; policy regret is against its pick, "
+        "raw regret against the unconstrained best of the fine grid.",
+        table(POLICY_HEADERS, policy_rows(result)),
         "### Oracle", table(ORACLE_HEADERS, oracle_rows(result)),
         "### Per scenario", table(DETAIL_HEADERS, detail_rows(result)),
     ]
@@ -139,13 +210,14 @@ def markdown(result: BenchResult) -> str:
                   table(PREDICTION_HEADERS, predicted)]
     if result.checks:
         parts += ["### Scenario checks that failed", "\n".join(f"- {c}" for c in result.checks)]
-    parts.append(f"truth {result.truth}, seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} scenarios, "
-                 f"{result.seconds:.0f} s")
+    parts.append(f"{realities(result)}; seed {result.seed}, noise {result.noise:g}, {len(result.scenarios)} cases "
+                 f"(scenario x truth seed), {result.seconds:.0f} s")
     return "\n\n".join(parts) + "\n"
 
 
 def to_json(result: BenchResult) -> str:
     data: dict[str, Any] = result.to_json()
     data["baseline"] = BASELINE
+    data["held_out"] = result.held_out
     data["targets"] = {"regret": REGRET_TARGET, "gpu_minutes_ratio": GPU_MINUTES_RATIO_TARGET}
     return json.dumps(data, indent=2, default=str)

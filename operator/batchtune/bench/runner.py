@@ -11,7 +11,9 @@ from typing import Any
 
 from batchtune.bench.evaluate import Judge
 from batchtune.bench.oracle import OracleResult, regret, run_oracle
+from batchtune.bench.policy import POLICY_HEADROOM_PCT, policy_pick, policy_regret, tightened
 from batchtune.bench.scenarios import Scenario
+from batchtune.bench.seeds import DEVELOPMENT_TRUTH_SEEDS
 from batchtune.bench.strategies.autotune import AutoTune
 from batchtune.bench.strategies.base import TuningStrategy
 from batchtune.bench.strategies.doubling import Doubling
@@ -38,7 +40,8 @@ class StrategyRun:
     """Noise-free objective of the chosen setting."""
     regret: float
     violates: bool
-    """The chosen setting misses the SLO at the load it claims (noise-free); False when nothing was chosen."""
+    """The chosen setting misses the SLO at the load it claims (noise-free) or is `unsafe`; False when nothing was
+    chosen."""
     noisy_violations: int
     trials: int
     failed_starts: int
@@ -47,6 +50,10 @@ class StrategyRun:
     note: str
     predictions: tuple[dict[str, Any], ...] = ()
     """Twin-guided strategies: predicted against measured for every trial launched on a prediction."""
+    unsafe: bool = False
+    """A full token-budget burst crashes the chosen setting on the truth (the runtime-OOM rule, `core.burst`)."""
+    policy_regret: float = 0.0
+    """Regret against the policy-consistent oracle (`bench.policy`): the selection policy applied to the truth."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,22 @@ class ScenarioResult:
     seconds: float
     truth: str = ""
     """The ground truth the scenario was judged on (for a perturbed one: its hidden parameters)."""
+    truth_seed: int | None = None
+    """The hidden reality's seed (None on a truth without seeds: the nominal twin, a test's)."""
+    policy_setting: str | None = None
+    """What the selection policy (SLO headroom, knee rule) picks from the strategies' grid on the true values."""
+    policy_objective: float = 0.0
+    """Its true objective at the scenario's own SLO."""
+
+    @property
+    def policy_gives_up(self) -> float:
+        """What the policy itself costs against the unconstrained best, 1 - policy / oracle."""
+        return regret(self.oracle_objective, self.policy_objective)
+
+    @property
+    def case(self) -> str:
+        """The scenario with its reality: one case of a paired comparison."""
+        return self.scenario if self.truth_seed is None else f"{self.scenario}@{self.truth_seed}"
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,14 @@ class BenchResult:
     """Scenario design checks that failed (e.g. a gmu-below-max scenario whose oracle picks the max)."""
     truth: str = "nominal"
     """`nominal` (the twin the strategies plan with) or `perturbed` (hidden realities, bench.reality)."""
+    truth_seeds: tuple[int, ...] = ()
+    """The realities every scenario was judged on (empty on a truth without seeds)."""
+    development_truth_seeds: tuple[int, ...] = DEVELOPMENT_TRUTH_SEEDS
+    """The realities the strategies' rules were developed on: a result on any of them is not held out."""
+
+    @property
+    def held_out(self) -> bool:
+        return bool(self.truth_seeds) and not set(self.truth_seeds) & set(self.development_truth_seeds)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +175,7 @@ def run_scenario(
     cost: CostModel = CostModel(),
     with_tpe: bool = True,
     use_cache: bool = False,
+    truth_seed: int | None = None,
 ) -> ScenarioResult:
     started = time.monotonic()
     strategies = list(strategies) if strategies is not None else default_strategies(truth)
@@ -155,22 +187,31 @@ def run_scenario(
     choices: list[tuple[str, Choice, SimTestbed]] = []
     for strategy in strategies:
         name = _name(strategy)
-        testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, name), noise, cost)
+        # One world for every strategy (common random numbers): the testbed keys each reading's noise by the step.
+        testbed = SimTestbed(scenario, truth, seed, noise, cost)
         choice = strategy.tune(testbed, scenario, seed=seed)
         choices.append((name, choice, testbed))
     if with_tpe:
         budget = next((tb.ledger.starts for n, _, tb in choices if n == "adaptive"), 12)
         tpe = OptunaTpe(budget=max(1, budget))
-        testbed = SimTestbed(scenario, truth, derive_seed(seed, scenario.name, tpe.name), noise, cost)
+        testbed = SimTestbed(scenario, truth, seed, noise, cost)
         choices.append((tpe.name, tpe.tune(testbed, scenario, seed=seed), testbed))
     extra = [c.knobs for _, c, _ in choices if c.knobs is not None] + scenario.tuner_space.grid()
     oracle = run_oracle(judge, extra=extra)
     tuner_best = max(judge.objective(k).objective for k in scenario.tuner_space.grid())
+    tight = Judge(tightened(scenario, POLICY_HEADROOM_PCT), truth, window_s=judge.window_s)
+    if use_cache:
+        from batchtune.bench.cache import load_into
+
+        load_into(tight)
+    pick = policy_pick(judge, truth, tight_judge=tight)
     if use_cache:
         from batchtune.bench.cache import save_from
 
         save_from(judge)
-    runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise) for name, choice, testbed in choices)
+        save_from(tight)
+    runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise, pick.objective)
+                 for name, choice, testbed in choices)
     best = oracle.best
     return ScenarioResult(
         scenario=scenario.name,
@@ -187,11 +228,15 @@ def run_scenario(
         runs=runs,
         seconds=time.monotonic() - started,
         truth=describe(scenario) if (describe := getattr(truth, "describe", None)) is not None else "",
+        truth_seed=truth_seed,
+        policy_setting=pick.knobs.label() if pick.knobs is not None else None,
+        policy_objective=pick.objective,
     )
 
 
 def _judge_choice(
-    judge: Judge, oracle: OracleResult, name: str, choice: Choice, testbed: SimTestbed, seed: int, noise: float
+    judge: Judge, oracle: OracleResult, name: str, choice: Choice, testbed: SimTestbed, seed: int, noise: float,
+    policy_objective: float = 0.0,
 ) -> StrategyRun:
     ledger = testbed.ledger
     make_run = partial(
@@ -201,12 +246,20 @@ def _judge_choice(
     )
     if choice.knobs is None:
         return make_run(chosen=None, chosen_knobs=None, claimed_load=None, objective=0.0, regret=1.0,
-                        violates=False, noisy_violations=0)
+                        violates=False, noisy_violations=0, policy_regret=policy_regret(policy_objective, 0.0))
     value = judge.objective(choice.knobs).objective
+    burst = getattr(judge.truth, "burst_failure", None)
+    unsafe = bool(burst(judge.scenario, choice.knobs)) if burst is not None and judge.truth.startup(
+        judge.scenario, choice.knobs).ok else False
     load = _recheck_load(judge, choice)
-    violates = load is None or not judge.holds(choice.knobs, load)
+    # An unsafe choice is a violation: the first full token-budget burst in production crashes it.
+    violates = unsafe or load is None or not judge.holds(choice.knobs, load)
+    # The re-check's noise is the world's and the setting's, not the strategy's: two strategies that chose the same
+    # setting and load get the same re-check (common random numbers).
     noisy = RECHECK_REPEATS if load is None else judge.noisy_violations(
-        choice.knobs, load, repeats=RECHECK_REPEATS, noise=noise, seed=derive_seed(seed, name, "recheck"))
+        choice.knobs, load, repeats=RECHECK_REPEATS, noise=noise,
+        seed=derive_seed(seed, judge.scenario.name, getattr(judge.truth, "truth_seed", None), "recheck",
+                         choice.knobs.label(), load.kind, repr(load.value)))
     return make_run(
         chosen=choice.knobs.label(),
         chosen_knobs=asdict(choice.knobs),
@@ -215,6 +268,8 @@ def _judge_choice(
         regret=regret(oracle.objective, value),
         violates=violates,
         noisy_violations=noisy,
+        unsafe=unsafe,
+        policy_regret=policy_regret(policy_objective, value),
     )
 
 
@@ -264,24 +319,25 @@ def summarize(results: Sequence[ScenarioResult]) -> tuple[StrategySummary, ...]:
 
 
 def design_checks(scenarios: Sequence[Scenario], results: Sequence[ScenarioResult]) -> tuple[str, ...]:
+    """Each case's scenario design against its reality (a check can fail on one reality and hold on another)."""
     failed = []
-    by_name = {r.scenario: r for r in results}
-    for scenario in scenarios:
-        result = by_name.get(scenario.name)
-        if result is None:
+    by_name = {s.name: s for s in scenarios}
+    for result in results:
+        scenario = by_name.get(result.scenario)
+        if scenario is None:
             continue
         if scenario.expect_best_gmu_below_max and not result.best_gmu_below_max:
-            failed.append(f"{scenario.name}: the oracle's best gmu is not below the largest ({result.oracle_setting})")
+            failed.append(f"{result.case}: the oracle's best gmu is not below the largest ({result.oracle_setting})")
         if scenario.expect_preemptions and not result.saturation_preemptions_per_s > 0:
-            failed.append(f"{scenario.name}: no preemptions at the largest batch, so it is not KV-bound")
+            failed.append(f"{result.case}: no preemptions at the largest batch, so it is not KV-bound")
         if result.oracle_objective <= 0:
-            failed.append(f"{scenario.name}: no setting in the oracle grid meets the SLO")
+            failed.append(f"{result.case}: no setting in the oracle grid meets the SLO")
     return tuple(failed)
 
 
 def run_bench(
     scenarios: Sequence[Scenario],
-    truth_factory: Callable[[], GroundTruth],
+    truth_factory: Callable[..., GroundTruth],
     *,
     seed: int = 0,
     noise: float,
@@ -289,13 +345,24 @@ def run_bench(
     use_cache: bool = False,
     progress: Callable[[ScenarioResult], None] | None = None,
     truth_name: str = "nominal",
+    truth_seeds: Sequence[int] = (),
+    strategies: Callable[[GroundTruth], Sequence[TuningStrategy]] | None = None,
+    with_tpe: bool = True,
 ) -> BenchResult:
+    """Every scenario on every reality: `truth_factory(truth_seed=s)` for each of `truth_seeds`, or once
+    `truth_factory()` when there are none (a truth without seeds). `strategies`: what runs on a truth (default
+    `default_strategies`; a picklable callable where `jobs` > 1)."""
     started = time.monotonic()
+    cases: list[tuple[Scenario, int | None]] = [(sc, ts) for sc in scenarios for ts in (tuple(truth_seeds) or (None,))]
     results: list[ScenarioResult] = []
-    if jobs <= 1 or len(scenarios) <= 1:
-        truth = truth_factory()
-        for scenario in scenarios:
-            result = run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache)
+    if jobs <= 1 or len(cases) <= 1:
+        truths: dict[int | None, GroundTruth] = {}
+        for scenario, truth_seed in cases:
+            if truth_seed not in truths:
+                truths[truth_seed] = _truth(truth_factory, truth_seed)
+            truth = truths[truth_seed]
+            result = run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache, truth_seed=truth_seed,
+                                  strategies=strategies(truth) if strategies else None, with_tpe=with_tpe)
             results.append(result)
             if progress:
                 progress(result)
@@ -303,7 +370,8 @@ def run_bench(
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_run_one, scenario, truth_factory, seed, noise, use_cache) for scenario in scenarios]
+            futures = [pool.submit(_run_one, scenario, truth_factory, truth_seed, seed, noise, use_cache, strategies,
+                                   with_tpe) for scenario, truth_seed in cases]
             for future in futures:
                 result = future.result()
                 results.append(result)
@@ -312,13 +380,21 @@ def run_bench(
     return BenchResult(
         seed=seed, noise=noise, scenarios=tuple(results), summary=summarize(results),
         seconds=time.monotonic() - started, checks=design_checks(scenarios, results), truth=truth_name,
+        truth_seeds=tuple(truth_seeds),
     )
 
 
+def _truth(truth_factory: Callable[..., GroundTruth], truth_seed: int | None) -> GroundTruth:
+    return truth_factory() if truth_seed is None else truth_factory(truth_seed=truth_seed)
+
+
 def _run_one(
-    scenario: Scenario, truth_factory: Callable[[], GroundTruth], seed: int, noise: float, use_cache: bool
+    scenario: Scenario, truth_factory: Callable[..., GroundTruth], truth_seed: int | None, seed: int, noise: float,
+    use_cache: bool, strategies: Callable[[GroundTruth], Sequence[TuningStrategy]] | None, with_tpe: bool,
 ) -> ScenarioResult:
-    return run_scenario(scenario, truth_factory(), seed=seed, noise=noise, use_cache=use_cache)
+    truth = _truth(truth_factory, truth_seed)
+    return run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache, truth_seed=truth_seed,
+                        strategies=strategies(truth) if strategies else None, with_tpe=with_tpe)
 
 
 def load_result(data: dict[str, Any]) -> BenchResult:
@@ -329,4 +405,5 @@ def load_result(data: dict[str, Any]) -> BenchResult:
         scenarios.append(ScenarioResult(**{**sc, "tags": tuple(sc.get("tags") or ()), "runs": runs}))
     return BenchResult(seed=data["seed"], noise=data["noise"], scenarios=tuple(scenarios),
                        summary=summarize(scenarios), seconds=data["seconds"], checks=tuple(data.get("checks") or ()),
-                       truth=data.get("truth", "nominal"))
+                       truth=data.get("truth", "nominal"), truth_seeds=tuple(data.get("truth_seeds") or ()),
+                       development_truth_seeds=tuple(data.get("development_truth_seeds") or DEVELOPMENT_TRUTH_SEEDS))

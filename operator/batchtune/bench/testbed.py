@@ -86,7 +86,13 @@ def derive_seed(*parts: object) -> int:
 
 @dataclass
 class SimTestbed:
-    """A `Testbed` over a ground truth with seeded measurement noise and a cost ledger."""
+    """A `Testbed` over a ground truth with seeded measurement noise and a cost ledger.
+
+    Common random numbers: a reading's noise is keyed by what was measured, never by when. The key is the world
+    (`seed`, the scenario, the truth's `truth_seed`), the setting, the load step (load, window, prompts, warm-up) and
+    its repeat index (how often this testbed measured that very step before), so every strategy measuring the same
+    step the same n-th time in the same world gets the identical reading, whatever it asked before.
+    """
 
     scenario: Scenario
     truth: GroundTruth
@@ -96,7 +102,7 @@ class SimTestbed:
     ledger: Ledger = field(default_factory=Ledger)
     _running: Knobs | None = None
     _warm: bool = False
-    _calls: int = 0
+    _repeats: dict[tuple[object, ...], int] = field(default_factory=dict)
 
     @property
     def running(self) -> Knobs | None:
@@ -131,10 +137,10 @@ class SimTestbed:
         warm = self._warm
         if prompts is None and warmup:
             self._warm = True
-        self._calls += 1
-        seed = derive_seed(self.seed, self.scenario.name, self._calls)
         full = self.scenario.measure_s
         fraction = seconds / full if prompts is None and seconds is not None and seconds > 0 else 1.0
+        seed = self._noise_seed("load", self._running.label(), load.kind, repr(load.value), repr(fraction), prompts,
+                                warmup)
         # The load before the window is what an operator step gets: up to spec.trial.warmupSeconds, or until the
         # steady-state test passes, which by its definition leaves the queue settled either way.
         reading = self.truth.measure(
@@ -158,14 +164,19 @@ class SimTestbed:
             self._running = None
         return Reading(reading.load, reading.metrics, reading.failure, seconds)
 
+    def _noise_seed(self, *step: object) -> int:
+        """The seed of one step's noise: the world, the step, and the step's repeat index (common random numbers)."""
+        repeat = self._repeats.get(step, 0)
+        self._repeats[step] = repeat + 1
+        return derive_seed(self.seed, self.scenario.name, getattr(self.truth, "truth_seed", None), *step, repeat)
 
     def run_burst(self, burst: Burst) -> Reading:
         """A burst probe on the running server (`core.burst`): its requests sent at once with the burst's lengths, run
         to the last completion, billed as a load Job (its start and the scrape lag besides the run)."""
         if self._running is None:
             raise RuntimeError("run_burst needs a started server; call start() first and check its result")
-        self._calls += 1
-        seed = derive_seed(self.seed, self.scenario.name, "burst", self._calls)
+        seed = self._noise_seed("burst", self._running.label(), burst.concurrency, burst.prompt_tokens,
+                                burst.output_tokens)
         shaped = replace(self.scenario, input_len=burst.prompt_tokens, output_len=burst.output_tokens)
         load = Load("concurrency", float(burst.concurrency))
         reading = self.truth.measure(shaped, self._running, load, duration_s=self.scenario.window_s, seed=seed,

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from batchtune.bench.runner import BenchResult, ScenarioResult
 
+REPORTING_SEEDS_HELP = "1-5"
+DEVELOPMENT_SEEDS_HELP = "0"
+"""bench.seeds' sets as the help states them (importing the bench at parser build would slow every command;
+tests/unit/test_bench_seeds.py checks they agree)."""
 DEFAULT_NOISE = 0.03
 """Run-to-run measurement noise of the twin (relative, per metric family) the strategies face."""
 
@@ -33,7 +37,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tuning.add_argument("--truth", choices=("perturbed", "nominal"), default="perturbed",
                         help="what the strategies tune against: each scenario's hidden reality (default), or the "
                              "catalog's twin they plan with")
-    tuning.add_argument("--truth-seed", type=int, default=0, help="seed of the hidden realities (default 0)")
+    tuning.add_argument("--truth-seeds", "--truth-seed", default=None, metavar="SEEDS",
+                        help="the hidden realities every scenario is judged on, e.g. 1-5 or 1,3 (default "
+                             f"{REPORTING_SEEDS_HELP}, held out; {DEVELOPMENT_SEEDS_HELP} is the development set the "
+                             "strategies' rules were tuned on, so a result on it is no evidence)")
     tuning.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="scenarios run in parallel processes (default: up to 2)")
     tuning.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
@@ -51,8 +58,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _tuning(args: argparse.Namespace) -> int:
-    from functools import partial
-
     from batchtune.bench.reality import PerturbedTruth
     from batchtune.bench.report import to_json
     from batchtune.bench.runner import run_bench
@@ -85,17 +90,25 @@ def _tuning(args: argparse.Namespace) -> int:
             print(f"{s.name:32} {s.model} on {s.tensor_parallel_size}x {s.gpu}, {s.input_len}/{s.output_len} tokens, "
                   f"{s.objective} ({s.objective_unit}), SLO {s.slo.label()}{' [quick]' if s.quick else ''}")
         return 0
+    from batchtune.bench.seeds import REPORTING_TRUTH_SEEDS, parse_truth_seeds
+
+    try:
+        truth_seeds = (() if args.truth == "nominal" else
+                       REPORTING_TRUTH_SEEDS if args.truth_seeds is None else parse_truth_seeds(args.truth_seeds))
+    except ValueError as exc:
+        print(f"error: --truth-seeds: {exc}", file=sys.stderr)
+        return 2
     if not 0 <= args.noise < 1:
         print(f"error: --noise {args.noise} must be in [0, 1)", file=sys.stderr)
         return 2
 
     def progress(result: ScenarioResult) -> None:
         if args.output == "table":
-            print(f"Finished {result.scenario} in {result.seconds:.0f} s", file=sys.stderr)
+            print(f"Finished {result.case} in {result.seconds:.0f} s", file=sys.stderr)
 
-    factory = TwinTruth if args.truth == "nominal" else partial(PerturbedTruth, truth_seed=args.truth_seed)
+    factory = TwinTruth if args.truth == "nominal" else PerturbedTruth
     result = run_bench(scenarios, factory, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
-                       use_cache=args.cache, progress=progress, truth_name=args.truth)
+                       use_cache=args.cache, progress=progress, truth_name=args.truth, truth_seeds=truth_seeds)
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             fh.write(to_json(result))
