@@ -89,7 +89,16 @@ def test_times_that_cannot_work_are_refused_naming_the_flag(times, flag):
 
 def test_the_default_takeover_bound_is_within_30_seconds():
     assert LeaseTimes().problem() is None
-    assert LeaseTimes().takeover_bound_s == 19 <= 30
+    assert LeaseTimes().takeover_bound_s == 17 <= 30
+
+
+def test_a_standbys_last_wait_ends_on_the_expiry_not_a_retry_period_later():
+    lease = held("a")
+    seen = decide("b", lease, None, 100.0, T0, TIMES).observed
+    assert decide("b", lease, None, 100.0, T0, TIMES).retry_in_s == TIMES.retry_period_s
+    near = decide("b", lease, seen, 113.5, T0, TIMES)
+    assert near.act is Act.WAIT and near.retry_in_s == pytest.approx(1.5)
+    assert decide("b", lease, seen, 113.5 + near.retry_in_s, T0, TIMES).act is Act.TAKE
 
 
 # ---- controller.leader on an in-memory Lease -------------------------------------------------------
@@ -160,10 +169,18 @@ def test_the_standby_takes_over_a_killed_leader_within_the_bound():
     lease, clock, a, b = pair()
     assert a.try_once()
     assert not b.try_once()
+    clock.mono += 1.5  # the standby's tries fall between the leader's renewals
+    assert not b.try_once()
+    next_try = clock.mono + b.next_try_in_s
+    clock.mono += 0.4
+    assert a.renew()
     killed = clock.mono  # a is SIGKILLed right after renewing: it never writes again
+    clock.mono = next_try
     while not b.try_once():
-        clock.mono += TIMES.retry_period_s
+        clock.mono += b.next_try_in_s  # as acquire() waits
         assert clock.mono - killed <= TIMES.takeover_bound_s
+    # b saw the last renewal 1.6 s after it was written and took it exactly a duration later.
+    assert clock.mono - killed == pytest.approx(1.6 + TIMES.duration_s)
     assert TIMES.duration_s <= clock.mono - killed <= TIMES.takeover_bound_s
     assert lease.record is not None and lease.record.holder == "b" and lease.record.transitions == 1
 

@@ -59,10 +59,17 @@ class Elector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._waiting_logged: str | None = None
+        self._retry_in_s = times.retry_period_s
 
     @property
     def leading(self) -> bool:
         return self._held is not None
+
+    @property
+    def next_try_in_s(self) -> float:
+        """How long `acquire()` waits before its next try: the retry period, or less when the Lease it waits on
+        expires sooner."""
+        return self._retry_in_s
 
     def try_once(self) -> bool:
         """Read the Lease and take the step `core.lease.decide` says; True when this replica holds it after."""
@@ -70,6 +77,7 @@ class Elector:
             current = self.api.get()
             decision = decide(self.me, current, self._observed, self._monotonic(), self._now(), self.times)
             self._observed = decision.observed
+            self._retry_in_s = decision.retry_in_s or self.times.retry_period_s
             if decision.act is Act.WAIT:
                 if self._waiting_logged != (current.holder if current else None):
                     self._waiting_logged = current.holder if current else None
@@ -80,11 +88,11 @@ class Elector:
             started = self._monotonic()
             written = self.api.create(decision.write) if decision.act is Act.CREATE else self.api.replace(decision.write)
         except LeaseConflict:
-            self._held = None
+            self._held, self._retry_in_s = None, self.times.retry_period_s
             return False
         except Exception as exc:  # noqa: BLE001  # the API server may be away for a moment: try again next period
             log.warning("Leader election: the Lease %s could not be read or written: %s", self.where, exc)
-            self._held = None
+            self._held, self._retry_in_s = None, self.times.retry_period_s
             return False
         if decision.act is not Act.RENEW:
             log.info("Leading: took the Lease %s (%s)", self.where, decision.why)
@@ -100,7 +108,7 @@ class Elector:
                 telemetry.LEADER.set(1)
                 telemetry.LEADER_TRANSITIONS.inc()
                 return
-            self._stop.wait(self.times.retry_period_s)
+            self._stop.wait(self.next_try_in_s)
         raise SystemExit(0)
 
     def renew(self) -> bool:

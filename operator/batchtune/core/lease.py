@@ -47,8 +47,9 @@ class LeaseTimes:
     @property
     def takeover_bound_s(self) -> float:
         """The longest a standby waits after the holder's last renewal before it holds the Lease: it sees the
-        renewal up to one retry period late, then waits the duration, rounded up to its next retry."""
-        return self.duration_s + 2 * self.retry_period_s
+        renewal up to one retry period late, then waits the duration (its last try falls on the expiry itself,
+        `Decision.retry_in_s`)."""
+        return self.duration_s + self.retry_period_s
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class Decision:
     write: LeaseRecord | None = None
     """The record to write (CREATE, TAKE, RENEW)."""
     why: str = ""
+    retry_in_s: float | None = None
+    """WAIT: when to try next, the retry period or sooner if the Lease expires before then here (so the take
+    is not a retry period late)."""
 
 
 def decide(me: str, current: LeaseRecord | None, observed: Observed | None, now_mono: float, now: datetime,
@@ -115,7 +119,8 @@ def decide(me: str, current: LeaseRecord | None, observed: Observed | None, now_
         expires = seen.since + max(1, current.duration_s)
         if now_mono < expires:
             return Decision(Act.WAIT, seen, None,
-                            f"held by {current.holder}; presumed gone in {expires - now_mono:.1f}s unless renewed")
+                            f"held by {current.holder}; presumed gone in {expires - now_mono:.1f}s unless renewed",
+                            retry_in_s=max(0.05, min(times.retry_period_s, expires - now_mono)))
         why = f"{current.holder} did not renew for {now_mono - seen.since:.1f}s (lease {current.duration_s}s)"
     else:
         why = "released by its last holder"
