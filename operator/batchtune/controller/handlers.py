@@ -87,6 +87,21 @@ def http_errors(conventions: Any) -> Any:
                       conventions.http_handler_label, conventions.inference_handlers)
 
 
+TICK_LAZY_IMPORTS = ("batchtune.twin.prefilter", "batchtune.twin.guide", "batchtune.twin.fit", "batchtune.twin.steady",
+                     "batchtune.controller.gitremote", "batchtune.controller.forge", "batchtune.core.gitwrite")
+"""What a tick imports on first use (the twin's numpy models, the Git client); the report's matplotlib is not here:
+it is imported by the report worker, off the tick, and costs memory a standby need not hold."""
+
+
+def warm_up() -> None:
+    """Import what a tick would import on first use: a standby does it while it waits, so the first tick of a
+    takeover does not (on a starved CPU those imports took seconds of the takeover)."""
+    import importlib
+
+    for module in TICK_LAZY_IMPORTS:
+        importlib.import_module(module)
+
+
 INSTALL = install_from_env()
 REPORTS = ReportQueue()
 TWIN = TwinWorker()

@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         # A standby holds nothing: SIGTERM ends it at once (as PID 1 a process ignores SIGTERM without a handler).
         previous = signal.signal(signal.SIGTERM, lambda *_: election.stop())
         with leader.standby_health(args.liveness_address):
+            handlers.warm_up()
             election.acquire()
         signal.signal(signal.SIGTERM, previous)
         # Lost the Lease: stop at once, as a SIGKILL would; the replica that takes over resumes from status.
