@@ -300,3 +300,37 @@ def test_operator_flags_that_cannot_work_stop_it_naming_the_flag():
     args = parser.parse_args(["operator", "--leader-elect", "--leader-elect-namespace", ""])
     with pytest.raises(SystemExit, match="--leader-elect-namespace"):
         main.elector(args)
+
+
+def test_a_standby_says_it_is_not_leading_before_it_warms_up(monkeypatch):
+    # Its /metrics is served before the warm-up: a scrape then must not read `batchtune_leader 1` (the failover
+    # test picked such a replica as the leader to kill).
+    import argparse
+
+    from batchtune.controller import handlers, main
+
+    seen: list[float] = []
+
+    class Stopped(Exception):
+        pass
+
+    def warm_up() -> None:
+        seen.append(telemetry.LEADER._value.get())
+        raise Stopped
+
+    monkeypatch.setattr(handlers, "warm_up", warm_up)
+    monkeypatch.setattr(main, "elector", lambda args: type("E", (), {"me": "b", "where": "ops/lease",
+                                                                     "stop": lambda self: None})())
+    telemetry.LEADER.set(1)
+    parser = argparse.ArgumentParser()
+    main.add_parser(parser.add_subparsers())
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = parser.parse_args(["operator", "--leader-elect", "--leader-elect-namespace", "ops",
+                              "--liveness-address", f"127.0.0.1:{port}", "--metrics-address", ""])
+    with pytest.raises(Stopped):
+        main.run(args)
+    assert seen == [0]

@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         # kopf logs every timer run; a tick every few seconds per BatchTuning drowns the transitions.
         logging.getLogger("kopf.objects").addFilter(
             lambda record: not record.getMessage().startswith("Timer 'reconcile' succeeded"))
+    if args.leader_elect:
+        telemetry.LEADER.set(0)  # a standby from its first scrape on, not only once it asks for the Lease
     if args.metrics_address:
         host, _, port = args.metrics_address.rpartition(":")
         telemetry.serve(int(port), host or "127.0.0.1")
