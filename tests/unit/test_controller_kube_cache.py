@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -11,8 +13,19 @@ from batchtune.controller.kube import DeploymentCache, Indexes, KubeCluster
 from batchtune.controller.ports import Conflict
 
 
+class Raw:
+    """A response requested with `_preload_content=False`: the bytes as the API server sent them."""
+
+    def __init__(self, obj: dict) -> None:
+        self.data = json.dumps(obj).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
 class FakeApps:
-    """What `client.AppsV1Api(api())` answers: one Deployment, its reads and patches counted."""
+    """What `client.AppsV1Api(api())` answers, read raw as the operator asks: one Deployment, its reads and patches
+    counted."""
 
     store: dict[tuple[str, str], dict] = {}
     reads = 0
@@ -21,18 +34,21 @@ class FakeApps:
     def __init__(self, _api: object = None) -> None:
         pass
 
-    def read_namespaced_deployment(self, name: str, namespace: str) -> dict:
+    def read_namespaced_deployment(self, name: str, namespace: str, _preload_content: bool = True) -> Raw:
+        assert _preload_content is False, "read raw: no model classes"
         FakeApps.reads += 1
         if (namespace, name) not in FakeApps.store:
             raise ApiException(status=404)
-        return FakeApps.store[(namespace, name)]
+        return Raw(FakeApps.store[(namespace, name)])
 
-    def patch_namespaced_deployment(self, name: str, namespace: str, patch: dict, field_manager: str) -> dict:
+    def patch_namespaced_deployment(self, name: str, namespace: str, patch: dict, field_manager: str,
+                                    _preload_content: bool = True) -> Raw:
+        assert _preload_content is False, "read raw: no model classes"
         if FakeApps.conflict:
             raise ApiException(status=409)
         dep = FakeApps.store[(namespace, name)]
         dep["metadata"]["resourceVersion"] = str(int(dep["metadata"]["resourceVersion"]) + 1)
-        return dep
+        return Raw(dep)
 
 
 @pytest.fixture
@@ -41,7 +57,6 @@ def cluster(monkeypatch):
                                       "spec": {"replicas": 1}}}
     FakeApps.reads, FakeApps.conflict = 0, False
     monkeypatch.setattr(kube.client, "AppsV1Api", FakeApps)
-    monkeypatch.setattr(kube, "_sanitize", lambda obj: {**obj, "metadata": dict(obj["metadata"])})
     versions: dict[tuple[str, str], list[str]] = {("ns", "llm"): ["5"]}
     indexes = Indexes({}, {}, {}, deployment_versions=versions)
     return KubeCluster(indexes, "x", DeploymentCache()), versions

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -63,8 +64,15 @@ def api() -> client.ApiClient:
     return _CLIENT
 
 
-def _sanitize(obj: Any) -> Any:
-    return api().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]  # untyped in the client
+def _json(response: Any) -> Any:
+    """The API server's JSON of a response requested with `_preload_content=False` (the client raised ApiException
+    already for a non-2xx). Unread, the client (37, pydantic) builds and fills a model class for every kind it
+    deserializes: those models cost the operator's first ticks tens of MB and every read its CPU."""
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    return json.loads(data) if data else {}
 
 
 def _body(obj: Mapping[str, Any]) -> Any:
@@ -207,7 +215,7 @@ class KubeCluster:
         if cached is not None:
             return cached
         try:
-            found = dict(_sanitize(client.AppsV1Api(api()).read_namespaced_deployment(name, namespace)))
+            found = dict(_json(client.AppsV1Api(api()).read_namespaced_deployment(name, namespace, _preload_content=False)))
         except ApiException as exc:
             if exc.status == 404:
                 self.cache.forget(namespace, name)
@@ -230,12 +238,12 @@ class KubeCluster:
         if known:
             return controller
         try:
-            found = client.AppsV1Api(api()).read_namespaced_replica_set(name, namespace)
+            found = _json(client.AppsV1Api(api()).read_namespaced_replica_set(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None  # gone, or never was: no pod of it is evidence
             raise
-        meta = _sanitize(found).get("metadata") or {}
+        meta = found.get("metadata") or {}
         if meta.get("uid") != uid:
             return None  # another ReplicaSet of that name: the pod's reference is not to it
         owner = next(iter(controller_refs(meta)), None)
@@ -257,8 +265,8 @@ class KubeCluster:
         text = selector_text(selector)
         if text is None:
             return []
-        pods = client.CoreV1Api(api()).list_namespaced_pod(namespace, label_selector=text).items
-        return [pod_digest(_sanitize(p)) for p in pods]
+        pods = _json(client.CoreV1Api(api()).list_namespaced_pod(namespace, label_selector=text, _preload_content=False))
+        return [pod_digest(p) for p in pods.get("items") or []]
 
     def nodes(self) -> list[dict[str, Any]] | None:
         if self.indexes.nodes is None:
@@ -285,8 +293,8 @@ class KubeCluster:
         return out
 
     def services(self, namespace: str) -> list[dict[str, Any]]:
-        items = client.CoreV1Api(api()).list_namespaced_service(namespace).items
-        return [{"spec": {"selector": (s.spec.selector or {}) if s.spec else {}}} for s in items]
+        items = _json(client.CoreV1Api(api()).list_namespaced_service(namespace, _preload_content=False)).get("items") or []
+        return [{"spec": {"selector": (s.get("spec") or {}).get("selector") or {}}} for s in items]
 
     def container_log(self, namespace: str, pod: str, container: str, previous: bool) -> str | None:
         try:
@@ -302,18 +310,18 @@ class KubeCluster:
                      field: str = "spec.prometheus.authSecretRef") -> str:
         label = label or self.secret_label
         try:
-            secret = client.CoreV1Api(api()).read_namespaced_secret(name, namespace)
+            secret = _json(client.CoreV1Api(api()).read_namespaced_secret(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status in (403, 404):
                 raise NotAllowed(f"{field}: Secret {namespace}/{name} cannot be read "
                                  f"(HTTP {exc.status}); the install grants Secret reads only in the namespaces it "
                                  "lists (Helm value prometheus.authSecretNamespaces)") from None
             raise
-        labels = (secret.metadata.labels or {}) if secret.metadata else {}
+        labels = (secret.get("metadata") or {}).get("labels") or {}
         if labels.get(label) != "true":
             raise NotAllowed(f"{field}: Secret {namespace}/{name} has not opted in to batchtune "
                              f"(label {label}: \"true\")")
-        data = (secret.data or {}).get(key)
+        data = (secret.get("data") or {}).get(key)
         if data is None:
             raise NotAllowed(f"{field}.key: Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data).decode()
@@ -324,11 +332,12 @@ class KubeCluster:
         kind, ns = obj["kind"], obj["metadata"]["namespace"]
         try:
             if kind == "Deployment":
-                client.AppsV1Api(api()).create_namespaced_deployment(ns, _body(obj), field_manager=FIELD_MANAGER)
+                _json(client.AppsV1Api(api()).create_namespaced_deployment(ns, _body(obj), field_manager=FIELD_MANAGER, _preload_content=False))
             elif kind == "Job":
-                client.BatchV1Api(api()).create_namespaced_job(ns, _body(obj), field_manager=FIELD_MANAGER)
+                _json(client.BatchV1Api(api()).create_namespaced_job(ns, _body(obj), field_manager=FIELD_MANAGER, _preload_content=False))
             elif kind == "ConfigMap":
-                client.CoreV1Api(api()).create_namespaced_config_map(ns, _body(obj), field_manager=FIELD_MANAGER)
+                _json(client.CoreV1Api(api()).create_namespaced_config_map(ns, _body(obj), field_manager=FIELD_MANAGER,
+                                                                          _preload_content=False))
             else:
                 raise ValueError(f"unsupported kind {kind!r}")
         except ApiException as exc:
@@ -340,10 +349,10 @@ class KubeCluster:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
             if kind == "Deployment":
-                client.AppsV1Api(api()).delete_namespaced_deployment(name, namespace, propagation_policy="Background",
-                                                                     grace_period_seconds=5)
+                _json(client.AppsV1Api(api()).delete_namespaced_deployment(
+                    name, namespace, propagation_policy="Background", grace_period_seconds=5, _preload_content=False))
             elif kind == "Job":
-                client.BatchV1Api(api()).delete_namespaced_job(name, namespace, propagation_policy="Background")
+                _json(client.BatchV1Api(api()).delete_namespaced_job(name, namespace, propagation_policy="Background", _preload_content=False))
             else:
                 raise ValueError(f"unsupported kind {kind!r}")
         except ApiException as exc:
@@ -354,14 +363,14 @@ class KubeCluster:
         if (patch.get("metadata") or {}).get("resourceVersion") != resource_version:
             raise ValueError("a production patch must carry the resourceVersion it was decided on")
         try:
-            result = client.AppsV1Api(api()).patch_namespaced_deployment(name, namespace, dict(patch),
-                                                                         field_manager=FIELD_MANAGER)
+            result = _json(client.AppsV1Api(api()).patch_namespaced_deployment(name, namespace, dict(patch),
+                                                                               field_manager=FIELD_MANAGER, _preload_content=False))
         except ApiException as exc:
             if exc.status == 409:
                 self.cache.forget(namespace, name)
                 raise Conflict(f"Deployment {namespace}/{name} changed since resourceVersion {resource_version}") from None
             raise
-        patched = dict(_sanitize(result))
+        patched = dict(result)
         self.cache.put(patched)
         return patched
 
@@ -391,11 +400,11 @@ def upsert_configmap(body: Mapping[str, Any]) -> None:
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     core = client.CoreV1Api(api())
     try:
-        core.replace_namespaced_config_map(name, ns, _body(body), field_manager=FIELD_MANAGER)
+        _json(core.replace_namespaced_config_map(name, ns, _body(body), field_manager=FIELD_MANAGER, _preload_content=False))
     except ApiException as exc:
         if exc.status != 404:
             raise
-        core.create_namespaced_config_map(ns, _body(body), field_manager=FIELD_MANAGER)
+        _json(core.create_namespaced_config_map(ns, _body(body), field_manager=FIELD_MANAGER, _preload_content=False))
 
 
 __all__ = ["COMPONENT_LOAD", "FIELD_MANAGER", "Indexes", "KubeCluster", "LABEL_COMPONENT", "LABEL_TRIAL",
