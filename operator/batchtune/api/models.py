@@ -1135,7 +1135,9 @@ class TrialRecord(_Status):
     ready_at: Timestamp | None = None
     """When the trial pod became ready."""
     steps: Annotated[list[LoadStepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
-    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
+    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats): every step while the
+    trial runs; once it is finished at most 4 closed ones (its curve point, its capacity step, its first or the one
+    at the twin's prediction, where the SLO broke), without Jobs or run records."""
     current: bool | None = None
     """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
     from it, the engine's defaults filled in)."""
