@@ -13,6 +13,8 @@ import api_crd
 import crd_size
 import pytest
 
+from batchtune.api import InvalidBatchTuning
+
 ETCD_LIMIT_BYTES = 1_572_864
 """etcd's default request limit (--max-request-bytes, 1.5 MiB): a larger object cannot be written."""
 OBJECT_BUDGET_BYTES = 1_048_576
@@ -101,7 +103,11 @@ def test_the_largest_batchtuning_the_crd_admits_fits_in_etcd() -> None:
         f"{crd_size.size(obj['spec'])}): over the {OBJECT_BUDGET_BYTES}-byte budget (etcd: {ETCD_LIMIT_BYTES})")
 
 
-@UNBOUNDED_TODAY
+@pytest.mark.xfail(
+    strict=True, raises=(AssertionError, InvalidBatchTuning),
+    reason="issue 22 section 9: the schema's largest status is no status the operator reads (the walker fills "
+           "dates, minimums and patterns with any text: InvalidBatchTuning), so the report of the largest status the "
+           "operator can write needs a builder of the largest readable status; and that status is over 1 MiB anyway")
 def test_the_report_configmap_of_the_largest_status_fits() -> None:
     from batchtune.controller.reports import configmap
 

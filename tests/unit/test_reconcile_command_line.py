@@ -53,23 +53,23 @@ def test_a_production_command_line_status_cannot_keep_is_refused_naming_the_fiel
 
 
 def test_a_recommended_command_line_over_the_bound_is_refused_before_any_trial():
-    # Production's fits (63 args, 64 words of the engine's own argv with the model); the trials' and the
-    # recommendation's would not: the setting's missing --gpu-memory-utilization adds two words.
-    args = ["--max-num-seqs", "16", "--port", "8000", "--lora-modules", *[f"m{i}=/models/m{i}" for i in range(58)]]
-    assert len(args) == MAX_COMMAND_LINE_WORDS - 1
+    # Production's fits (3 command words and 60 args); the trials' and the recommendation's would not: the
+    # setting's missing --gpu-memory-utilization adds two words.
+    args = ["--max-num-seqs", "16", "--port", "8000", "--lora-modules", *[f"m{i}=/models/m{i}" for i in range(55)]]
+    assert 3 + len(args) == MAX_COMMAND_LINE_WORDS - 1
     failed = refused(args)
     assert f"{FIELD} with the setting seqs=64 gmu=90% and spec.searchSpace.extraArgs" in failed["message"], failed
-    assert f".args has {MAX_COMMAND_LINE_WORDS + 1} words" in failed["message"], failed["message"]
+    assert f".command and .args together have {MAX_COMMAND_LINE_WORDS + 1} words" in failed["message"], failed
 
 
 def test_a_command_line_at_the_bound_is_tuned():
-    # 61 args, the model and the two words the setting adds: the engine's argv exactly at the bound, kept whole.
-    args = ["--max-num-seqs", "16", "--port", "8000", "--lora-modules", *[f"m{i}=/models/m{i}" for i in range(56)]]
+    # 3 command words, 59 args and the two words the setting adds: exactly at the bound, kept whole.
+    args = ["--max-num-seqs", "16", "--port", "8000", "--lora-modules", *[f"m{i}=/models/m{i}" for i in range(54)]]
     w = World(bt_spec=spec(apply={"mode": "Recommend"}))
     w.deployments["llm"] = production_target(args=args)
     assert w.run_until(TERMINAL) == "Recommended", w.condition("Failed")
     recommendation = w.status["recommendation"]
-    assert len(recommendation["args"]) == MAX_COMMAND_LINE_WORDS
+    assert len(recommendation["args"]) == MAX_COMMAND_LINE_WORDS  # the whole command line, command and args
     rewritten = recommendation["container"]["args"]
     assert len(rewritten) == len(args) + 2 and rewritten[2 : len(args)] == args[2:]  # only the knobs changed
     assert w.status["baseline"]["args"] == ["meta-llama/Llama-3.1-8B-Instruct", *args]

@@ -187,7 +187,7 @@ Timestamp = Annotated[datetime, WithJsonSchema({"type": "string", "format": "dat
 """An RFC 3339 time (the API server bounds only what the schema bounds, so this says how long one may be)."""
 CommandLine = Annotated[list[Annotated[str, Field(max_length=MAX_COMMAND_LINE_WORD_LENGTH)]],
                         Field(max_length=MAX_COMMAND_LINE_WORDS)]
-"""A container's command, its args, or an engine's argv, whole: planning refuses a target whose command line (or the
+"""A container's command, its args, both together, or an engine's argv, whole: planning refuses a target whose command line (or the
 recommended one) is longer (`core.recommend.command_line_problem`), since a cut one would restore a different
 container; so this is never cut."""
 MAX_CONDITIONS = 8

@@ -39,7 +39,7 @@ def spec_review(tick: Tick, target: Target) -> Review:
     return review(target.engine, tick.spec, tick.ports.install, str(target.container.get("image", "")))
 
 
-def refused(tick: Tick, target: Target, baseline: Invocation) -> bool:
+def refused(tick: Tick, target: Target) -> bool:
     """Whether the spec or the target is refused (after failing the tuning with why): what the engine or the install
     refuses in the spec, or a command line status cannot keep whole."""
     verdict = spec_review(tick, target)
@@ -49,19 +49,19 @@ def refused(tick: Tick, target: Target, baseline: Invocation) -> bool:
     if verdict.not_allowed:
         tick.fail(Reason.NOT_ALLOWED, "; ".join(verdict.not_allowed))
         return True
-    too_long = command_line_problem(tick, target, baseline)
+    too_long = command_line_problem(tick, target)
     if too_long:
         tick.fail(Reason.COMMAND_LINE_TOO_LONG, too_long)
         return True
     return False
 
 
-def command_line_problem(tick: Tick, target: Target, baseline: Invocation) -> str | None:
+def command_line_problem(tick: Tick, target: Target) -> str | None:
     """Why status cannot keep production's command line, or the trials' and the recommendation's (production's with
     the widest setting of the search space and spec.searchSpace.extraArgs), whole; None when it can."""
     where = (f"Deployment {tick.tuning.namespace}/{target.name} "
              f"spec.template.spec.containers[{target.container.get('name')}]")
-    problem = recommend.command_line_problem(ContainerArgs.of(target.container), where, baseline.argv)
+    problem = recommend.command_line_problem(ContainerArgs.of(target.container), where)
     if problem:
         return problem
     space = tick.view.spec.space
@@ -70,7 +70,7 @@ def command_line_problem(tick: Tick, target: Target, baseline: Invocation) -> st
     rewritten = target.engine.rewrite(target.container, widest, tick.spec.search_space.extra_args or ())
     return recommend.command_line_problem(
         ContainerArgs.of(rewritten), f"{where} with the setting {widest.label()} and spec.searchSpace.extraArgs "
-                                     "(what a trial and the recommendation run)", target.engine.read(rewritten).argv)
+                                     "(what a trial and the recommendation run)")
 
 
 def gpu_product(tick: Tick, target: Target) -> str | None:
@@ -191,7 +191,7 @@ def plan(tick: Tick) -> None:
         tick.fail(Reason.UNSUPPORTED_ARGS, f"Deployment {tick.tuning.namespace}/{target.name}: {exc}")
         return
     tick.mode_decision(target)  # the mode in effect shows in status from planning on
-    if refused(tick, target, baseline):
+    if refused(tick, target):
         return
     try:
         reader = tick.reader(engine)

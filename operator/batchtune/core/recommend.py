@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 MAX_COMMAND_LINE_WORDS = 64
-"""Words a container's `command`, its `args`, and the engine's own argv may each have: status keeps production's
+"""Words a container's `command` and `args` may have together: status keeps production's
 command line and the recommended one whole (baseline, recommendation, applied), each list bounded in the CRD so the
 largest BatchTuning fits in etcd (issue 22 section 9). A vLLM command line is 10 to 40 words."""
 MAX_COMMAND_LINE_WORD_LENGTH = 512
@@ -53,10 +53,10 @@ class ContainerArgs:
         return out
 
 
-def command_line_problem(args: ContainerArgs, where: str, argv: Sequence[str] = ()) -> str | None:
+def command_line_problem(args: ContainerArgs, where: str) -> str | None:
     """Why status cannot keep this command line whole, or None: `where` names the container (its fields follow,
-    `.command`, `.args`), `argv` is the engine's own argv in it. A longer one is refused, never cut: a cut command
-    line would run, and on rollback restore, a different container."""
+    `.command`, `.args`). A longer one is refused, never cut: a cut command line would run, and on rollback
+    restore, a different container."""
     for field, words in (("command", args.command), ("args", args.args)):
         if words is None:
             continue
@@ -68,10 +68,10 @@ def command_line_problem(args: ContainerArgs, where: str, argv: Sequence[str] = 
                 return (f"{where}.{field}[{i}] is {len(word)} characters long, more than the "
                         f"{MAX_COMMAND_LINE_WORD_LENGTH} batchtune keeps in status; it refuses the target rather "
                         "than cut its command line (a long value can come from a file the container reads)")
-    if len(argv) > MAX_COMMAND_LINE_WORDS:
-        return (f"{where}: the engine's own arguments (command and args after its entry point) are {len(argv)} words, "
-                f"more than the {MAX_COMMAND_LINE_WORDS} batchtune keeps in status; it refuses the target rather than "
-                "cut its command line")
+    if len(args.flat()) > MAX_COMMAND_LINE_WORDS:
+        return (f"{where}.command and .args together have {len(args.flat())} words, more than the "
+                f"{MAX_COMMAND_LINE_WORDS} batchtune keeps in status (status.recommendation.args is the whole command "
+                "line); it refuses the target rather than cut its command line")
     return None
 
 
