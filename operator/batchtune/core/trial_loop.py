@@ -230,10 +230,10 @@ KEPT_STEPS = 4
 def kept(steps: Sequence[Step], curve_step: int | None, capacity_load: float | None,
          predicted: int | None) -> tuple[int, ...]:
     """Indexes, in order, of the closed steps a finished trial keeps, at most `KEPT_STEPS`: its point at the common
-    curve load (the report's curves), the step its SLO capacity was measured at (its figures), the step at the
-    twin's predicted capacity (how the prediction compared) or else its first, the lowest load above its capacity
-    that failed (where the SLO broke), the short step the capacity's full window confirmed; then the latest other
-    steps of its search, while room is left."""
+    curve load (the report's curves; or its curve step given up, saying why), the step its SLO capacity was measured
+    at (its figures), the step at the twin's predicted capacity (how the prediction compared) or else its first, the
+    lowest load above its capacity that failed (where the SLO broke), the short step the capacity's full window
+    confirmed; then the latest other steps of its search, while room is left."""
     closed = [i for i, s in enumerate(steps) if s.result is not None]
     search = [i for i in closed if not steps[i].curve]
     failed = {i for i in search if not (result := steps[i].result) or not result.passed}
@@ -244,6 +244,7 @@ def kept(steps: Sequence[Step], curve_step: int | None, capacity_load: float | N
             wanted.append(index)
 
     want(curve_step)
+    want(next((i for i in closed if steps[i].curve), None))  # given up unmeasured: why the curve has no point
     want(next((i for i in reversed(search) if not steps[i].short and steps[i].load == capacity_load), None))
     at_predicted = [i for i in search if steps[i].load == predicted]
     want(next((i for i in at_predicted if not steps[i].short), at_predicted[0] if at_predicted else None))
