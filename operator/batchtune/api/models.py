@@ -41,6 +41,7 @@ from batchtune.core.planning import SearchSpace as CoreSearchSpace
 from batchtune.core.planning import doublings
 from batchtune.core.promql import LabelNames as CoreLabelNames
 from batchtune.core.promql import MetricNames as CoreMetricNames
+from batchtune.core.recommend import MAX_COMMAND_LINE_WORD_LENGTH, MAX_COMMAND_LINE_WORDS
 from batchtune.core.recommend import ContainerArgs as CoreContainerArgs
 from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
@@ -184,6 +185,11 @@ Patch = Annotated[str, BeforeValidator(_cut(16384)), Field(max_length=16384)]
 """A ready-made patch or values snippet (its container's command line and the setting)."""
 Timestamp = Annotated[datetime, WithJsonSchema({"type": "string", "format": "date-time", "maxLength": 64})]
 """An RFC 3339 time (the API server bounds only what the schema bounds, so this says how long one may be)."""
+CommandLine = Annotated[list[Annotated[str, Field(max_length=MAX_COMMAND_LINE_WORD_LENGTH)]],
+                        Field(max_length=MAX_COMMAND_LINE_WORDS)]
+"""A container's command, its args, both together, or an engine's argv, whole: planning refuses a target whose command line (or the
+recommended one) is longer (`core.recommend.command_line_problem`), since a cut one would restore a different
+container; so this is never cut."""
 MAX_CONDITIONS = 8
 """Progressing, Succeeded, Failed, Degraded: one each, with room for types a newer operator adds."""
 
@@ -1129,7 +1135,9 @@ class TrialRecord(_Status):
     ready_at: Timestamp | None = None
     """When the trial pod became ready."""
     steps: Annotated[list[LoadStepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
-    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats)."""
+    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats): every step while the
+    trial runs; once it is finished at most 4 closed ones (its curve point, its capacity step, its first or the one
+    at the twin's prediction, where the SLO broke), without Jobs or run records."""
     current: bool | None = None
     """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
     from it, the engine's defaults filled in)."""
@@ -1157,7 +1165,7 @@ class Baseline(_Status):
     """--gpu-memory-utilization in production, percent; unset: the engine's default."""
     max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
     """--max-num-batched-tokens in production; unset: the engine's default."""
-    args: list[str] = Field(default_factory=list)
+    args: CommandLine = Field(default_factory=list)
     """Production's engine arguments as found."""
     fingerprint: Word | None = None
     """Hash of what the trials clone from production's container (image, command, args, env, resources):
@@ -1352,9 +1360,9 @@ class WorkloadRecord(_Status):
 class ContainerArgs(_Status):
     """A container's command and args."""
 
-    command: list[str] | None = None
+    command: CommandLine | None = None
     """The container's command."""
-    args: list[str] | None = None
+    args: CommandLine | None = None
     """The container's args."""
 
     @classmethod
@@ -1370,7 +1378,7 @@ class Recommendation(_Status):
 
     setting: Setting
     """The chosen setting."""
-    args: list[str] = Field(default_factory=list)
+    args: CommandLine = Field(default_factory=list)
     """The engine container's command line with the setting (and the trials' extra args) applied."""
     reason: Paragraph
     """Why this setting, in words."""

@@ -19,12 +19,15 @@ from batchtune.controller import records
 from batchtune.controller import tick as tick_
 from batchtune.controller.ports import MetricsReader
 from batchtune.controller.tick import Target, Tick
+from batchtune.core import recommend
 from batchtune.core.gpus import GPU_PRODUCT_LABEL
 from batchtune.core.measurement import window_too_short
 from batchtune.core.planning import EngineLimits, Plan, plan_candidates
 from batchtune.core.policy import gpu_minutes_budget
 from batchtune.core.production import fingerprint
 from batchtune.core.protocol import CurveLoad, production_peak_curve_load
+from batchtune.core.recommend import ContainerArgs
+from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.vocabulary import Phase, Reason
 from batchtune.engines import ArgsError, Invocation
 from batchtune.prometheus import PrometheusUnavailable
@@ -34,6 +37,40 @@ def spec_review(tick: Tick, target: Target) -> Review:
     """What the engine or the install refuses in the spec (extra args, load image): `batchtune.admission`, which
     `batchtune validate` runs too."""
     return review(target.engine, tick.spec, tick.ports.install, str(target.container.get("image", "")))
+
+
+def refused(tick: Tick, target: Target) -> bool:
+    """Whether the spec or the target is refused (after failing the tuning with why): what the engine or the install
+    refuses in the spec, or a command line status cannot keep whole."""
+    verdict = spec_review(tick, target)
+    if verdict.invalid:
+        tick.fail(Reason.INVALID_SPEC, "; ".join(verdict.invalid))
+        return True
+    if verdict.not_allowed:
+        tick.fail(Reason.NOT_ALLOWED, "; ".join(verdict.not_allowed))
+        return True
+    too_long = command_line_problem(tick, target)
+    if too_long:
+        tick.fail(Reason.COMMAND_LINE_TOO_LONG, too_long)
+        return True
+    return False
+
+
+def command_line_problem(tick: Tick, target: Target) -> str | None:
+    """Why status cannot keep production's command line, or the trials' and the recommendation's (production's with
+    the widest setting of the search space and spec.searchSpace.extraArgs), whole; None when it can."""
+    where = (f"Deployment {tick.tuning.namespace}/{target.name} "
+             f"spec.template.spec.containers[{target.container.get('name')}]")
+    problem = recommend.command_line_problem(ContainerArgs.of(target.container), where)
+    if problem:
+        return problem
+    space = tick.view.spec.space
+    widest = CoreSetting(max(space.max_num_seqs), max(space.gpu_memory_utilization_percent),
+                         max(space.max_num_batched_tokens) if space.max_num_batched_tokens else None)
+    rewritten = target.engine.rewrite(target.container, widest, tick.spec.search_space.extra_args or ())
+    return recommend.command_line_problem(
+        ContainerArgs.of(rewritten), f"{where} with the setting {widest.label()} and spec.searchSpace.extraArgs "
+                                     "(what a trial and the recommendation run)")
 
 
 def gpu_product(tick: Tick, target: Target) -> str | None:
@@ -154,12 +191,7 @@ def plan(tick: Tick) -> None:
         tick.fail(Reason.UNSUPPORTED_ARGS, f"Deployment {tick.tuning.namespace}/{target.name}: {exc}")
         return
     tick.mode_decision(target)  # the mode in effect shows in status from planning on
-    verdict = spec_review(tick, target)
-    if verdict.invalid:
-        tick.fail(Reason.INVALID_SPEC, "; ".join(verdict.invalid))
-        return
-    if verdict.not_allowed:
-        tick.fail(Reason.NOT_ALLOWED, "; ".join(verdict.not_allowed))
+    if refused(tick, target):
         return
     try:
         reader = tick.reader(engine)

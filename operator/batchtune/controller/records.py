@@ -25,7 +25,7 @@ from batchtune.api import (
     WorkloadRecord,
 )
 from batchtune.api.models import BatchTuningSpec, BatchTuningStatus, LoadSpec, RoundRecord, camel
-from batchtune.core import autoscale, protocol
+from batchtune.core import autoscale, protocol, trial_loop
 from batchtune.core.gpus import held_minutes
 from batchtune.core.guidance import KEPT_PREDICTIONS, Agreement, Predicted, TwinAdvice, measured
 from batchtune.core.objective import Objective, objective_value
@@ -88,6 +88,20 @@ def write_step(record: LoadStepRecord, step: Step) -> None:
     record.verdict_reason = result.verdict_reason
     record.margin = result.margin if math.isfinite(result.margin) else None
     record.cross_check = result.cross_check
+
+
+def compact(trial: TrialRecord) -> None:
+    """A finished trial's steps as status keeps them: its conclusion stands, so at most `trial_loop.KEPT_STEPS`
+    closed steps stay (`trial_loop.kept`: the curve point, the capacity step, the step at the twin's prediction or
+    the first, where the SLO broke), without their per-run bookkeeping (Job, runs, attempts). Only a running trial
+    needs every step; the bound keeps a tuning at the CRD's every maximum inside etcd's object limit."""
+    capacity = (trial.metrics or {}).get(M.SLO_CAPACITY_LOAD) if trial.state is TrialState.DONE else None
+    predicted = trial.prediction.capacity_load if trial.prediction is not None else None
+    keep = trial_loop.kept(steps_of(trial), trial.curve_step, capacity, predicted)
+    curve = trial.curve_step
+    trial.steps = [trial.steps[i].model_copy(update={"job": None, "results": [], "repeat": 0, "attempt": 0,
+                                                      "unavailable_since": None}) for i in keep]
+    trial.curve_step = keep.index(curve) if curve in keep else None
 
 
 def search_steps(trial: TrialRecord) -> list[StepResult]:

@@ -283,6 +283,7 @@ class Tick:
         trial.verdict = verdict
         trial.verdict_reason = (verdict_reason or message)[:1000]
         trial.finished_at = self.now
+        records.compact(trial)
         telemetry.TRIALS.labels(result=state.value).inc()
         self.log.info("Finished trial %s: %s (%s)", trial.name, state.value, reason.value)
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from batchtune.core.recommend import ContainerArgs
+from batchtune.core.recommend import ContainerArgs, command_line_problem
 
 ANNOTATION_APPLIED = "batchtune.io/applied"
 ANNOTATION_APPLIED_AT = "batchtune.io/applied-at"
@@ -78,14 +78,18 @@ class AppliedMark:
 
 
 def _args(data: Any) -> ContainerArgs:
-    """Container args from the annotation; TypeError (read() then trusts nothing) unless an object of string lists."""
+    """Container args from the annotation; TypeError (read() then trusts nothing) unless an object of string lists
+    within the command-line bounds status keeps."""
     if not isinstance(data, dict):
         raise TypeError
     for key in ("command", "args"):
         value = data.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(a, str) for a in value)):
             raise TypeError
-    return ContainerArgs.of(data)
+    args = ContainerArgs.of(data)
+    if command_line_problem(args, "the mark"):  # batchtune never writes one status could not keep: not its mark
+        raise TypeError
+    return args
 
 
 def container_of(deployment: Mapping[str, Any], name: str) -> dict[str, Any] | None:

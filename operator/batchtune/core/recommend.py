@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from batchtune.engines import Engine
 
 
+MAX_COMMAND_LINE_WORDS = 64
+"""Words a container's `command` and `args` may have together: status keeps production's
+command line and the recommended one whole (baseline, recommendation, applied), each list bounded in the CRD so the
+largest BatchTuning fits in etcd (issue 22 section 9). A vLLM command line is 10 to 40 words."""
+MAX_COMMAND_LINE_WORD_LENGTH = 512
+"""Characters one word of a command line may have (a JSON-valued flag such as --compilation-config fits)."""
+
+
 @dataclass(frozen=True)
 class ContainerArgs:
     command: tuple[str, ...] | None
@@ -43,6 +51,28 @@ class ContainerArgs:
         if self.args is not None:
             out["args"] = list(self.args)
         return out
+
+
+def command_line_problem(args: ContainerArgs, where: str) -> str | None:
+    """Why status cannot keep this command line whole, or None: `where` names the container (its fields follow,
+    `.command`, `.args`). A longer one is refused, never cut: a cut command line would run, and on rollback
+    restore, a different container."""
+    for field, words in (("command", args.command), ("args", args.args)):
+        if words is None:
+            continue
+        if len(words) > MAX_COMMAND_LINE_WORDS:
+            return (f"{where}.{field} has {len(words)} words, more than the {MAX_COMMAND_LINE_WORDS} batchtune keeps "
+                    "in status; it refuses the target rather than cut its command line")
+        for i, word in enumerate(words):
+            if len(word) > MAX_COMMAND_LINE_WORD_LENGTH:
+                return (f"{where}.{field}[{i}] is {len(word)} characters long, more than the "
+                        f"{MAX_COMMAND_LINE_WORD_LENGTH} batchtune keeps in status; it refuses the target rather "
+                        "than cut its command line (a long value can come from a file the container reads)")
+    if len(args.flat()) > MAX_COMMAND_LINE_WORDS:
+        return (f"{where}.command and .args together have {len(args.flat())} words, more than the "
+                f"{MAX_COMMAND_LINE_WORDS} batchtune keeps in status (status.recommendation.args is the whole command "
+                "line); it refuses the target rather than cut its command line")
+    return None
 
 
 @dataclass(frozen=True)

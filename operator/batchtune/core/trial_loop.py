@@ -24,7 +24,7 @@ from typing import Protocol
 from batchtune.core import protocol
 from batchtune.core.protocol import Conclusion, CurveLoad, Neighbour, ProtocolConfig, RunResult, StepResult
 from batchtune.core.settings import Setting
-from batchtune.core.vocabulary import StepPurpose, Verdict
+from batchtune.core.vocabulary import M, StepPurpose, Verdict
 
 
 @dataclass(frozen=True)
@@ -207,16 +207,54 @@ def give_up_curve(steps: Sequence[Step], index: int, why: str) -> tuple[Step, ..
 
 def conclude(plan: TrialPlan, steps: Sequence[Step]) -> Concluded:
     """The trial's conclusion from its search, and its curve point: the curve step when it was measured, else a
-    search step that ran at the curve load (no extra run was needed)."""
+    search step that ran at the curve load (no extra run was needed). What it tells the search (its observations)
+    is the steps a finished trial keeps (`kept`): the bench learns from what the operator's status holds."""
     search = search_results(steps)
     conclusion = protocol.conclude(search, plan.config)
     measured = next((i for i, s in enumerate(steps) if s.curve and s.result is not None and s.result.metrics), None)
-    if measured is not None or plan.curve is None:
-        return Concluded(conclusion, measured)
-    at = protocol.search_step_at(search, plan.curve, plan.config)
-    if at is None:
-        return Concluded(conclusion, None)
-    return Concluded(conclusion, [i for i, s in enumerate(steps) if s.result is not None and not s.curve][at])
+    curve_step = measured
+    if measured is None and plan.curve is not None:
+        at = protocol.search_step_at(search, plan.curve, plan.config)
+        if at is not None:
+            curve_step = [i for i, s in enumerate(steps) if s.result is not None and not s.curve][at]
+    keep = kept(steps, curve_step, conclusion.metrics.get(M.SLO_CAPACITY_LOAD), plan.predicted)
+    searched = [i for i, s in enumerate(steps) if s.result is not None and not s.curve]
+    observed = tuple(o for i, o in zip(searched, conclusion.observations, strict=True) if i in keep)
+    return Concluded(replace(conclusion, observations=observed), curve_step)
+
+
+KEPT_STEPS = 4
+"""Load steps a finished trial keeps (status holds every step only while its trial runs: the loop needs them then)."""
+
+
+def kept(steps: Sequence[Step], curve_step: int | None, capacity_load: float | None,
+         predicted: int | None) -> tuple[int, ...]:
+    """Indexes, in order, of the closed steps a finished trial keeps, at most `KEPT_STEPS`: its point at the common
+    curve load (the report's curves; or its curve step given up, saying why), the step its SLO capacity was measured
+    at (its figures), the step at the twin's predicted capacity (how the prediction compared) or else its first, the
+    lowest load above its capacity that failed (where the SLO broke), the short step the capacity's full window
+    confirmed; then the latest other steps of its search, while room is left."""
+    closed = [i for i, s in enumerate(steps) if s.result is not None]
+    search = [i for i in closed if not steps[i].curve]
+    failed = {i for i in search if not (result := steps[i].result) or not result.passed}
+    wanted: list[int] = []
+
+    def want(index: int | None) -> None:
+        if index is not None and index in closed and index not in wanted and len(wanted) < KEPT_STEPS:
+            wanted.append(index)
+
+    want(curve_step)
+    want(next((i for i in closed if steps[i].curve), None))  # given up unmeasured: why the curve has no point
+    want(next((i for i in reversed(search) if not steps[i].short and steps[i].load == capacity_load), None))
+    at_predicted = [i for i in search if steps[i].load == predicted]
+    want(next((i for i in at_predicted if not steps[i].short), at_predicted[0] if at_predicted else None))
+    want(search[0] if search else None)
+    above = [i for i in failed if capacity_load is not None and steps[i].load > capacity_load]
+    want(min(above, key=lambda i: steps[i].load) if above else None)
+    want(next((i for i in search if steps[i].short and steps[i].load == capacity_load), None))
+    for index in reversed(search):
+        want(index)
+    return tuple(sorted(wanted))
 
 
 def _put(steps: Sequence[Step], index: int, step: Step) -> tuple[Step, ...]:

@@ -104,6 +104,7 @@ class Reason(StrEnum):
     TARGET_CHANGED = "TargetChanged"
     NO_ENGINE_CONTAINER = "NoEngineContainer"
     UNSUPPORTED_ARGS = "UnsupportedArgs"
+    COMMAND_LINE_TOO_LONG = "CommandLineTooLong"
     UNCOUNTED_ACCELERATOR = "UncountedAccelerator"
     NOT_ALLOWED = "NotAllowed"
     EMPTY_SEARCH_SPACE = "EmptySearchSpace"
