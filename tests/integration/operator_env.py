@@ -171,6 +171,11 @@ class Operator:
     def logs(self) -> str:
         return "\n".join(p.read_text()[-4000:] for p in sorted(self.log_dir.glob(f"{self.name}-*.log")))
 
+    def standing_by(self) -> bool:
+        """This start of the replica has read the Lease and waits on another holder (`controller.leader`'s log)."""
+        log = self.log_dir / f"{self.name}-{self.starts}.log"
+        return self.alive() and log.exists() and "Standing by: the Lease" in log.read_text()
+
 
 def running_operator(operator_kubeconfig: str | Path, kube: Any, namespace: str, log_dir: Path,
                      extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[Operator]:

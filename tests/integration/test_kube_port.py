@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import time
 
 import pytest
 
@@ -43,9 +44,18 @@ def test_reads_and_writes_as_the_api_servers_json(kube, namespace, port, wait_fo
     assert str(found["metadata"]["creationTimestamp"]).endswith("Z")  # as the API server writes it, like kopf's
     assert port.deployment(namespace, "absent") is None
 
-    version = found["metadata"]["resourceVersion"]
-    patch = {"metadata": {"resourceVersion": version, "annotations": {"batchtune.io/raw": "1"}}}
-    patched = port.patch_deployment(namespace, "raw", patch, version)
+    # The Deployment controller writes its status meanwhile: a patch on a version it moved past is refused (409),
+    # and one on the version just read goes through.
+    patched = None
+    for _ in range(20):
+        version = (port.deployment(namespace, "raw") or {})["metadata"]["resourceVersion"]
+        patch = {"metadata": {"resourceVersion": version, "annotations": {"batchtune.io/raw": "1"}}}
+        try:
+            patched = port.patch_deployment(namespace, "raw", patch, version)
+            break
+        except Conflict:
+            time.sleep(0.5)
+    assert patched is not None, "every patch conflicted"
     assert patched["metadata"]["annotations"]["batchtune.io/raw"] == "1"
     assert patched["metadata"]["resourceVersion"] != version
     with pytest.raises(Conflict):

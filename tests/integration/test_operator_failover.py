@@ -161,6 +161,9 @@ def test_the_active_replica_killed_at_every_point_of_an_auto_run(kube, namespace
             starts.append(round(time.monotonic() - leading_at[0], 1))  # the part after the Lease: kopf's start
             left.remove(name)
             victim.start(env=FAILPOINT if "between patch and status" in left else None)  # back as the standby
+            # The next kill is of the leader with a standby already waiting (as in a running install), not while
+            # this one still starts: under CI's load a start took 5-10 s, which a takeover then counted twice.
+            wait_for(victim.standing_by, timeout=90, interval=0.2, what=f"{victim.name} standing by again")
         bt = wait_phase(kube, namespace, "tune", {"Succeeded", "Failed", "RolledBack"}, 180, leader(ops) or ops[0])
     finally:
         stop.set()
