@@ -28,6 +28,8 @@ REFERENCE = "adaptive"
 RECHECK_REPEATS = 3
 REGRET_TARGET = 0.02
 GPU_MINUTES_RATIO_TARGET = 0.25
+MEMO_SIMULATIONS = 8192
+"""Simulations one bench process keeps for reuse (`twin.predict.PredictMemo`; a few KiB each)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,27 @@ def run_scenario(
     with_tpe: bool = True,
     use_cache: bool = False,
     truth_seed: int | None = None,
+) -> ScenarioResult:
+    from batchtune.twin.predict import memoised
+
+    # Repeated identical simulations (the judge's two SLOs, strategies measuring the same step in the same world,
+    # the nominal twin's predictions) are served from the memo already installed (run_bench's), else one for the case.
+    with memoised():
+        return _run_scenario(scenario, truth, seed=seed, noise=noise, strategies=strategies, cost=cost,
+                             with_tpe=with_tpe, use_cache=use_cache, truth_seed=truth_seed)
+
+
+def _run_scenario(
+    scenario: Scenario,
+    truth: GroundTruth,
+    *,
+    seed: int,
+    noise: float,
+    strategies: Sequence[TuningStrategy] | None,
+    cost: CostModel,
+    with_tpe: bool,
+    use_cache: bool,
+    truth_seed: int | None,
 ) -> ScenarioResult:
     started = time.monotonic()
     strategies = list(strategies) if strategies is not None else default_strategies(truth)
@@ -352,31 +375,41 @@ def run_bench(
     """Every scenario on every reality: `truth_factory(truth_seed=s)` for each of `truth_seeds`, or once
     `truth_factory()` when there are none (a truth without seeds). `strategies`: what runs on a truth (default
     `default_strategies`; a picklable callable where `jobs` > 1)."""
+    from batchtune.twin.predict import PredictMemo, memoised
+
     started = time.monotonic()
     cases: list[tuple[Scenario, int | None]] = [(sc, ts) for sc in scenarios for ts in (tuple(truth_seeds) or (None,))]
     results: list[ScenarioResult] = []
     if jobs <= 1 or len(cases) <= 1:
         truths: dict[int | None, GroundTruth] = {}
-        for scenario, truth_seed in cases:
-            if truth_seed not in truths:
-                truths[truth_seed] = _truth(truth_factory, truth_seed)
-            truth = truths[truth_seed]
-            result = run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache, truth_seed=truth_seed,
-                                  strategies=strategies(truth) if strategies else None, with_tpe=with_tpe)
-            results.append(result)
-            if progress:
-                progress(result)
-    else:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_run_one, scenario, truth_factory, truth_seed, seed, noise, use_cache, strategies,
-                                   with_tpe) for scenario, truth_seed in cases]
-            for future in futures:
-                result = future.result()
+        # One memo for the run: a scenario's cases on other realities share its strategies' nominal-twin predictions.
+        with memoised(PredictMemo(MEMO_SIMULATIONS)):
+            for scenario, truth_seed in cases:
+                if truth_seed not in truths:
+                    truths[truth_seed] = _truth(truth_factory, truth_seed)
+                truth = truths[truth_seed]
+                result = run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache,
+                                      truth_seed=truth_seed, strategies=strategies(truth) if strategies else None,
+                                      with_tpe=with_tpe)
                 results.append(result)
                 if progress:
                     progress(result)
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # Longest cases first (each worker takes the next when it is free), so no long case starts last while the
+        # other worker idles; the results keep the cases' order whatever order they finish in.
+        order = sorted(range(len(cases)), key=lambda i: (-case_cost(cases[i][0]), i))
+        done: dict[int, ScenarioResult] = {}
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(_run_one, cases[i][0], truth_factory, cases[i][1], seed, noise, use_cache,
+                                   strategies, with_tpe): i for i in order}
+            for future in as_completed(futures):
+                result = future.result()
+                done[futures[future]] = result
+                if progress:
+                    progress(result)
+        results = [done[i] for i in range(len(cases))]
     return BenchResult(
         seed=seed, noise=noise, scenarios=tuple(results), summary=summarize(results),
         seconds=time.monotonic() - started, checks=design_checks(scenarios, results), truth=truth_name,
@@ -388,13 +421,28 @@ def _truth(truth_factory: Callable[..., GroundTruth], truth_seed: int | None) ->
     return truth_factory() if truth_seed is None else truth_factory(truth_seed=truth_seed)
 
 
+def case_cost(scenario: Scenario) -> float:
+    """A case's relative cost, to start the longest first: its simulated window times the oracle's grid."""
+    return scenario.window_s * scenario.oracle_space.size
+
+
+_worker_memo: Any = None
+"""A worker process's memo of simulations, kept across the cases it runs (the process ends with the run's pool)."""
+
+
 def _run_one(
     scenario: Scenario, truth_factory: Callable[..., GroundTruth], truth_seed: int | None, seed: int, noise: float,
     use_cache: bool, strategies: Callable[[GroundTruth], Sequence[TuningStrategy]] | None, with_tpe: bool,
 ) -> ScenarioResult:
+    from batchtune.twin.predict import PredictMemo, memoised
+
+    global _worker_memo
+    if _worker_memo is None:
+        _worker_memo = PredictMemo(MEMO_SIMULATIONS)
     truth = _truth(truth_factory, truth_seed)
-    return run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache, truth_seed=truth_seed,
-                        strategies=strategies(truth) if strategies else None, with_tpe=with_tpe)
+    with memoised(_worker_memo):
+        return run_scenario(scenario, truth, seed=seed, noise=noise, use_cache=use_cache, truth_seed=truth_seed,
+                            strategies=strategies(truth) if strategies else None, with_tpe=with_tpe)
 
 
 def load_result(data: dict[str, Any]) -> BenchResult:
