@@ -73,11 +73,12 @@ class Elector:
 
     def try_once(self) -> bool:
         """Read the Lease and take the step `core.lease.decide` says; True when this replica holds it after."""
+        self._retry_in_s = self.times.retry_period_s  # unless a wait on an expiring Lease says sooner
         try:
             current = self.api.get()
             decision = decide(self.me, current, self._observed, self._monotonic(), self._now(), self.times)
             self._observed = decision.observed
-            self._retry_in_s = decision.retry_in_s or self.times.retry_period_s
+            self._retry_in_s = decision.retry_in_s or self._retry_in_s
             if decision.act is Act.WAIT:
                 if self._waiting_logged != (current.holder if current else None):
                     self._waiting_logged = current.holder if current else None
@@ -88,11 +89,11 @@ class Elector:
             started = self._monotonic()
             written = self.api.create(decision.write) if decision.act is Act.CREATE else self.api.replace(decision.write)
         except LeaseConflict:
-            self._held, self._retry_in_s = None, self.times.retry_period_s
+            self._held = None
             return False
         except Exception as exc:  # noqa: BLE001  # the API server may be away for a moment: try again next period
             log.warning("Leader election: the Lease %s could not be read or written: %s", self.where, exc)
-            self._held, self._retry_in_s = None, self.times.retry_period_s
+            self._held = None
             return False
         if decision.act is not Act.RENEW:
             log.info("Leading: took the Lease %s (%s)", self.where, decision.why)
