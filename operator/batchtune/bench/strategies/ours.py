@@ -6,6 +6,7 @@ the operator's twin worker gives it; it never sees the truth's hidden parameters
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,6 +28,10 @@ from batchtune.engines import VLLM
 if TYPE_CHECKING:
     from batchtune.core.guidance import Predicted, TwinAdvice
     from batchtune.twin.guide import Deployment
+
+UNTIMED = math.inf
+"""The twin guide's search in the bench is bounded by its count of simulations (`SIMULATED_FINALISTS`), not by the
+wall clock as in the operator: a starved run must give the same figures as an idle one."""
 
 # (fits, reason) for one setting; fits None = unknown (kept), as the core's FitVerdict.
 FitFn = Callable[[Scenario, Knobs], tuple[bool | None, str]]
@@ -179,14 +184,14 @@ def guide_advice(deployment: Deployment, candidates: tuple[Setting, ...], histor
     from batchtune.twin.guide import advise
 
     # As the operator's status keeps it: the best predictions and those of the measured settings.
-    return truncated(advise(deployment, candidates, history, launched)[0], [s for s, _ in done])
+    return truncated(advise(deployment, candidates, history, launched, budget_s=UNTIMED)[0], [s for s, _ in done])
 
 
 @lru_cache(maxsize=64)
 def _nominal_advice(deployment: Deployment, candidates: tuple[Setting, ...]) -> TwinAdvice:
     from batchtune.twin.guide import advise
 
-    return advise(deployment, candidates, [])[0]
+    return advise(deployment, candidates, [], budget_s=UNTIMED)[0]
 
 
 def predictions_report(history: list[HistoryEntry], launched: dict[Setting, Predicted], advice: TwinAdvice | None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchtune.bench.scenarios import Scenario
-from batchtune.bench.strategies.ours import FitFn, deployment_for, plan_for
+from batchtune.bench.strategies.ours import UNTIMED, FitFn, deployment_for, plan_for
 from batchtune.bench.types import Choice, Knobs, Load, Testbed
 
 
@@ -26,7 +26,7 @@ class SimulationOnly:
 
         _, _, plan = plan_for(scenario, self.fits)
         deployment = deployment_for(scenario, headroom_pct=0)
-        ranked = rank(deployment, plan.candidates)
+        ranked = rank(deployment, plan.candidates, budget_s=UNTIMED)
         if not ranked:
             return Choice(None, None, "the nominal twin predicts that no candidate meets the SLO")
         best = ranked[0]
