@@ -36,8 +36,8 @@ def test_the_reality_the_scenario_the_slo_and_the_window_are_in_the_key() -> Non
 def test_the_judges_own_code_is_in_the_fingerprint() -> None:
     names = {p.name for p in fingerprint_sources()}
     # The judge (burst rule, shared evaluations), the truths' measurement code and the scenarios' derived figures
-    # decide an evaluation as much as the twin does.
-    assert {"evaluate.py", "twin_truth.py", "reality.py", "loadsearch.py", "scenarios.py", "types.py",
+    # decide an evaluation as much as the twin does, and so does where the oracle starts each search (its hints).
+    assert {"evaluate.py", "twin_truth.py", "reality.py", "loadsearch.py", "oracle.py", "scenarios.py", "types.py",
             "predict.py", "memory.py"} <= names
     assert "guide.py" not in names  # the strategies' side keeps the cache
     assert all(p.is_file() for p in fingerprint_sources())

@@ -111,3 +111,17 @@ def test_oracle_includes_off_grid_extras() -> None:
 )
 def test_regret(best: float, chosen: float, expected: float) -> None:
     assert math.isclose(regret(best, chosen), expected, abs_tol=1e-12)
+
+
+def test_an_off_grid_settings_value_does_not_depend_on_what_else_was_chosen() -> None:
+    # The load search ends anywhere within its tolerance of the knee, so where it starts shows in the value; an
+    # off-grid choice must start where its own grid neighbour says, or the cache keeps another run's figure.
+    alone, after = Knobs(40, 97), Knobs(24, 97)
+    values = [{e.knobs: e.objective for e in _evaluations(extra)} for extra in ([alone], [after, alone])]
+    assert values[0][alone] == values[1][alone]
+
+
+def _evaluations(extra: list[Knobs]) -> list:
+    judge = Judge(TINY, GridTruth())
+    run_oracle(judge, extra=extra)
+    return list(judge._cache.values())

@@ -12,7 +12,7 @@ from pathlib import Path
 from batchtune.bench.evaluate import Evaluation, Judge
 from batchtune.bench.types import Knobs, Load
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def cache_dir() -> Path:
@@ -30,15 +30,15 @@ STRATEGY_SIDE = frozenset({"calibration.py", "cli_calibrate.py", "cli_predict.py
 def fingerprint_sources() -> list[Path]:
     """Every source whose code decides a noise-free evaluation: the twin (less its strategy side), the truths
     (`twin_truth.py`, `reality.py`), the judge itself (`evaluate.py`: the burst rule, the shared evaluations), its
-    capacity search (`loadsearch.py`), the scenarios' derived figures (`scenarios.py`: windows, grids) and the value
+    capacity search (`loadsearch.py`) and where each search starts (`oracle.py`: the hints), the scenarios' derived figures (`scenarios.py`: windows, grids) and the value
     types (`types.py`: the SLO's test)."""
     import batchtune.bench as bench
     import batchtune.twin as twin
 
     here = Path(bench.__file__).parent
     sources = [p for p in sorted(Path(twin.__file__).parent.glob("*.py")) if p.name not in STRATEGY_SIDE]
-    return sources + [here / name for name in ("evaluate.py", "loadsearch.py", "reality.py", "scenarios.py",
-                                               "twin_truth.py", "types.py")]
+    return sources + [here / name for name in ("evaluate.py", "loadsearch.py", "oracle.py", "reality.py",
+                                               "scenarios.py", "twin_truth.py", "types.py")]
 
 
 def _twin_fingerprint() -> str:

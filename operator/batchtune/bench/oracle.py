@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,28 +36,48 @@ class OracleResult:
 
 def run_oracle(judge: Judge, extra: Iterable[Knobs] = ()) -> OracleResult:
     space = judge.scenario.oracle_space
-    grid = space.grid() + [k for k in extra if k not in set(space.grid())]
+    on_grid = space.grid()
     evaluations = []
     previous: Evaluation | None = None
-    for knobs in grid:
+    for knobs in on_grid:
         # Neighbours along max-num-seqs have close capacities: start each search at the last one.
-        same_column = previous is not None and (
-            previous.knobs.gpu_memory_utilization_pct, previous.knobs.max_num_batched_tokens
-        ) == (knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens)
+        same_column = previous is not None and _column(previous.knobs) == _column(knobs)
         hint = previous.load.value if same_column and previous is not None and previous.load is not None else None
         previous = judge.objective(knobs, hint=hint)
         evaluations.append(previous)
+    grid_set = set(on_grid)
+    for knobs in dict.fromkeys(k for k in extra if k not in grid_set):
+        # An off-grid setting starts at its nearest grid neighbour's capacity, never at whichever setting came
+        # before it in `extra`: its value (and the cache's) is then the same whatever else was chosen.
+        evaluations.append(judge.objective(knobs, hint=_nearest_capacity(evaluations[:len(on_grid)], knobs)))
     best = max(evaluations, key=_rank)
     max_gmu = max(space.gpu_memory_utilization_pct)
     at_max = [e.objective for e in evaluations if e.knobs.gpu_memory_utilization_pct == max_gmu]
     return OracleResult(
         best=best,
-        grid_size=len(grid),
+        grid_size=len(evaluations),
         feasible=sum(e.feasible for e in evaluations),
         best_at_max_gmu=max(at_max, default=0.0),
         max_gmu_pct=max_gmu,
         saturation_preemptions_per_s=_saturation_preemptions(judge),
     )
+
+
+def _column(knobs: Knobs) -> tuple[int, int | None]:
+    return knobs.gpu_memory_utilization_pct, knobs.max_num_batched_tokens
+
+
+def _nearest_capacity(grid: list[Evaluation], knobs: Knobs) -> float | None:
+    """The capacity of the grid setting nearest to `knobs` (same token budget first, then gmu, then max-num-seqs
+    in ratio), or None when it has none: a function of `knobs` and the grid only."""
+    def distance(e: Evaluation) -> tuple[bool, int, float, int, int]:
+        k = e.knobs
+        return (k.max_num_batched_tokens != knobs.max_num_batched_tokens,
+                abs(k.gpu_memory_utilization_pct - knobs.gpu_memory_utilization_pct),
+                abs(math.log(k.max_num_seqs / knobs.max_num_seqs)), k.gpu_memory_utilization_pct, k.max_num_seqs)
+
+    nearest = min(grid, key=distance, default=None)
+    return nearest.load.value if nearest is not None and nearest.load is not None else None
 
 
 def _rank(e: Evaluation) -> tuple[float, int, int]:
