@@ -102,7 +102,9 @@ class TwinTruth:
             scenario.input_len, scenario.output_len, concurrency=conc, request_rate=rate,
             length_dist=scenario.length_dist, num_prompts=prompts, warmup_s=warmup,
         )
-        window = min(PROMPT_RUN_CAP_S, max(duration_s, 1.0)) if prompts is None else PROMPT_RUN_CAP_S
+        # An operator window is simulated for its whole length: a run lengthened for too few requests must see more
+        # of them (capped here, a 1200 s run of slow requests was billed in full but counted 300 s of requests).
+        window = max(duration_s, 1.0) if prompts is None else PROMPT_RUN_CAP_S
         prediction = predict(cfg, workload, window, seed=seed, noise=noise, params=self.params(scenario))
         if prediction.startup_error:
             return Reading(load, failure=prediction.startup_error)
