@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import optuna
 import pytest
 
 import batchtune.bench.evaluate as evaluate
 from batchtune.bench.evaluate import TrialResult
 from batchtune.bench.scenarios import KnobGrid, Scenario
-from batchtune.bench.strategies.autotune import AutoTune
+from batchtune.bench.strategies.autotune import AutoTune, rate_step
 from batchtune.bench.strategies.doubling import Doubling
 from batchtune.bench.strategies.hillclimb import HillClimb
-from batchtune.bench.strategies.tpe import OptunaTpe
+from batchtune.bench.strategies.prefilter import PRUNED
+from batchtune.bench.strategies.tpe import OptunaTpe, startup_trials
 from batchtune.bench.testbed import SimTestbed
 from batchtune.bench.types import Knobs, Load, Reading, Slo, StartResult
 
@@ -27,10 +29,11 @@ def scenario(mns: tuple[int, ...] = (8, 16, 32, 64, 128), gmu: tuple[int, ...] =
 
 @dataclass
 class AutoTuneTruth:
-    """gmu above 95 does not start; rate=inf gives 10.4 req/s over the limit; rates <= `passing` pass."""
+    """gmu above 95 does not start; rate=inf gives `inf_throughput` req/s over the limit; rates <= `passing` pass."""
 
     passing: float = 7.0
     inf_passes: bool = False
+    inf_throughput: float = 10.4
     starts: list[Knobs] = field(default_factory=list)
     loads: list[tuple[float, int | None]] = field(default_factory=list)
 
@@ -44,7 +47,7 @@ class AutoTuneTruth:
         self.loads.append((load.value, prompts))
         if math.isinf(load.value):
             e2el = 1000.0 if self.inf_passes else 5000.0
-            return Reading(load, {"request_throughput": 10.4, "p99_e2el_ms": e2el, "duration": 96.0,
+            return Reading(load, {"request_throughput": self.inf_throughput, "p99_e2el_ms": e2el, "duration": 96.0,
                                   "completed": float(prompts or 0)})
         e2el = 1000.0 if load.value <= self.passing else 5000.0
         return Reading(load, {"request_throughput": load.value, "p99_e2el_ms": e2el})
@@ -63,6 +66,33 @@ def test_auto_tune_probes_memory_down_from_98_and_steps_the_rate_down_to_the_fir
     assert truth.loads[0] == (math.inf, 1000)
     assert truth.loads[1:] == [(11.0, 100), (10.0, 100), (9.0, 100), (8.0, 100), (7.0, 100)]
     assert testbed.ledger.starts == 5 and testbed.ledger.failed_starts == 3
+
+
+def test_auto_tune_steps_down_finer_than_1_req_s_below_its_capacity_of_1() -> None:
+    # The script's integer step would try 1 req/s and stop at 0: a 0.35 req/s capacity needs a finer step.
+    truth = AutoTuneTruth(passing=0.35, inf_throughput=0.6)
+    sc = scenario(mns=(64,), gmu=(90,))
+    choice = AutoTune().tune(SimTestbed(sc, truth, seed=0, noise=0.0), sc, seed=0)
+    assert choice.knobs == Knobs(64, 95)
+    assert choice.claimed_load == Load("request_rate", 0.35)
+    # Step 0.05 (ten steps below 0.6), from one step above the rate=inf throughput; still 100 prompts each.
+    assert truth.loads[1:] == [(0.65, 100), (0.6, 100), (0.55, 100), (0.5, 100), (0.45, 100), (0.4, 100),
+                               (0.35, 100)]
+
+
+def test_auto_tune_steps_half_a_request_below_10_req_s() -> None:
+    truth = AutoTuneTruth(passing=4.5, inf_throughput=5.2)
+    sc = scenario(mns=(64,), gmu=(90,))
+    choice = AutoTune().tune(SimTestbed(sc, truth, seed=0, noise=0.0), sc, seed=0)
+    assert choice.claimed_load == Load("request_rate", 4.5)  # the integer step would have claimed 4
+    assert truth.loads[1:] == [(5.5, 100), (5.0, 100), (4.5, 100)]
+
+
+@pytest.mark.parametrize(("throughput", "step"), [
+    (10.4, 1.0), (10.0, 1.0), (9.99, 0.5), (5.0, 0.5), (4.99, 0.2), (2.0, 0.2), (1.0, 0.1), (0.6, 0.05), (0.0, 1.0),
+])
+def test_auto_tune_rate_step_puts_ten_steps_below_the_rate_inf_throughput(throughput: float, step: float) -> None:
+    assert rate_step(throughput) == step
 
 
 def test_auto_tune_keeps_rate_inf_when_it_already_meets_the_limit() -> None:
@@ -187,3 +217,106 @@ def test_optuna_tpe_is_deterministic_for_a_seed(scripted_trials) -> None:
     tried.clear()
     OptunaTpe(budget=6).tune(_testbed(sc), sc, seed=5)
     assert tried == first
+
+
+def test_optuna_tpe_models_within_its_budget(scripted_trials, monkeypatch) -> None:
+    # Optuna's default n_startup_trials=10 made every trial of a 4-13 trial budget a random one.
+    made: list[dict[str, object]] = []
+    real = optuna.samplers.TPESampler
+
+    def recording(**kwargs):
+        made.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(optuna.samplers, "TPESampler", recording)
+    table, _ = scripted_trials
+    sc = scenario()
+    for knobs in sc.tuner_space.grid():
+        table[knobs] = float(knobs.max_num_seqs)
+    OptunaTpe(budget=7).tune(_testbed(sc), sc, seed=1)
+    assert made == [{"seed": 1, "n_startup_trials": 3, "multivariate": True}]
+    assert [startup_trials(b) for b in (1, 4, 6, 7, 13, 30, 60)] == [2, 2, 2, 3, 5, 10, 10]
+
+
+def test_optuna_tpe_reruns_a_resampled_setting_as_a_new_billed_trial(scripted_trials) -> None:
+    table, tried = scripted_trials
+    sc = scenario(mns=(8, 16), gmu=(90,))
+    table.update({Knobs(8, 90): 5.0, Knobs(16, 90): 9.0})
+    choice = OptunaTpe(budget=5).tune(_testbed(sc), sc, seed=0)
+    assert len(tried) == 5 and len(set(tried)) <= 2  # two settings, five trials: three or more reruns
+    assert f"({5 - len(set(tried))} resampled a seen setting)" in choice.note
+
+
+def _refuse(predicate):
+    def fits(scenario, knobs):
+        return (False, "No available memory for the cache blocks.") if predicate(knobs) else (True, "")
+
+    return fits
+
+
+def test_optuna_tpe_skips_what_the_prefilter_prunes_unbilled_and_outside_its_budget(scripted_trials) -> None:
+    table, tried = scripted_trials
+    sc = scenario()
+    for knobs in sc.tuner_space.grid():
+        table[knobs] = float(knobs.max_num_seqs)
+    testbed = _testbed(sc)
+    choice = OptunaTpe(budget=8, fits=_refuse(lambda k: k.gpu_memory_utilization_pct >= 95)).tune(testbed, sc, seed=2)
+    assert len(tried) == 8
+    assert all(k.gpu_memory_utilization_pct < 95 for k in tried)
+    assert "asks pruned unbilled" in choice.note  # half the grid is pruned: TPE asked some of it
+
+
+def test_doubling_stops_unbilled_at_a_batch_the_prefilter_prunes(scripted_trials) -> None:
+    table, tried = scripted_trials
+    table.update({Knobs(8, 90): 10.0, Knobs(16, 90): 19.0, Knobs(32, 90): 30.0, Knobs(64, 90): 60.0})
+    sc = scenario()
+    testbed = _testbed(sc)
+    choice = Doubling(fits=_refuse(lambda k: k.max_num_seqs >= 32)).tune(testbed, sc, seed=0)
+    assert [k.max_num_seqs for k in tried] == [8, 16]  # 32 never started
+    assert choice.knobs == Knobs(16, 90)
+
+
+def test_hill_climb_does_not_start_a_setting_the_prefilter_prunes(scripted_trials) -> None:
+    table, tried = scripted_trials
+    for mns, value in ((8, 10.0), (16, 18.0), (32, 25.0), (64, 25.1)):
+        table[Knobs(mns, 90)] = value
+    table[Knobs(32, 95)] = 28.0
+    sc = scenario()
+    choice = HillClimb(fits=_refuse(lambda k: k.gpu_memory_utilization_pct >= 95)).tune(_testbed(sc), sc, seed=0)
+    # gmu 95 pruned: the memory phase turns down at once; nothing at gmu >= 95 is started.
+    assert tried == [Knobs(8, 90), Knobs(16, 90), Knobs(32, 90), Knobs(64, 90), Knobs(32, 85)]
+    assert choice.knobs == Knobs(32, 90)
+    assert "1 pruned unbilled" in choice.note
+
+
+def test_the_prefilter_is_the_plan_ours_use() -> None:
+    """The engine's invariant and the estimator prune exactly what `ours.plan_for` prunes, and a setting off the
+    tuner grid is planned the same way."""
+    from batchtune.bench.strategies.ours import knobs_of, plan_for
+    from batchtune.bench.strategies.prefilter import Prefilter
+
+    sc = Scenario(
+        name="plan", summary="", model="Llama-3.1-8B", gpu="H100", input_len=100, output_len=10,
+        slo=Slo({"p99_e2el_ms": 2000.0}), tuner_space=KnobGrid((8, 64, 1024), (90, 98), (512, 4096)),
+    )
+    fits = _refuse(lambda k: k.gpu_memory_utilization_pct == 98 and k.max_num_seqs == 8)
+    prefilter = Prefilter(sc, fits)
+    _, _, plan = plan_for(sc, fits)
+    assert {knobs_of(p.setting) for p in plan.pruned} == {k for k in sc.tuner_space.grid() if prefilter.refuses(k)}
+    assert prefilter.refuses(Knobs(1024, 90, 512))  # vLLM refuses max-num-batched-tokens < max-num-seqs
+    assert prefilter.refuses(Knobs(8, 98, 512))
+    assert prefilter.refuses(Knobs(8, 98, 2048))  # off the grid: planned alone
+    assert prefilter.refuses(Knobs(16, 90, 4096)) is None
+    skipped = prefilter.skipped(Knobs(8, 98, 512))
+    assert skipped is not None and not skipped.started and not skipped.met and PRUNED in (skipped.failure or "")
+    assert Prefilter(sc, None).refuses(Knobs(8, 98, 512)) is None
+
+
+def test_the_bench_offers_the_prefilter_to_every_operator_style_baseline() -> None:
+    from batchtune.bench.runner import default_strategies
+    from batchtune.bench.twin_truth import TwinTruth
+
+    strategies = {getattr(s, "label", None) or s.name: s for s in default_strategies(TwinTruth())}
+    for name in ("doubling", "hill_climb", "adaptive", "twin_guided", "bayesian"):
+        assert getattr(strategies[name], "fits", None) is not None, name
+    assert not hasattr(strategies["auto_tune"], "fits")  # the script has its own memory probe (docs/benchmarks.md)

@@ -144,7 +144,9 @@ class BenchResult:
 def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
     """Ours first: Optuna TPE's budget is what Adaptive used on the same scenario. Every twin a strategy
     uses (the memory prefilter, TwinGuided's guide, the simulation-only pick) is the nominal one, whatever
-    the truth: a perturbed truth's hidden parameters reach no strategy."""
+    the truth: a perturbed truth's hidden parameters reach no strategy. The memory prefilter is offered to every
+    operator-style strategy (ours, doubling, hill climbing, Optuna TPE); auto_tune's script has its own memory probe
+    and no place for one (docs/benchmarks.md, "What favours whom")."""
     from batchtune.bench.strategies.ours import CoreStrategy
     from batchtune.bench.strategies.simonly import SimulationOnly
     from batchtune.bench.twin_truth import TwinTruth
@@ -158,8 +160,8 @@ def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
         CoreStrategy("Bayesian", fits=fits, name="bayesian"),
         SimulationOnly(fits=fits),
         AutoTune(),
-        Doubling(),
-        HillClimb(),
+        Doubling(fits=fits),
+        HillClimb(fits=fits),
     ]
 
 
@@ -216,7 +218,9 @@ def _run_scenario(
         choices.append((name, choice, testbed))
     if with_tpe:
         budget = next((tb.ledger.starts for n, _, tb in choices if n == "adaptive"), 12)
-        tpe = OptunaTpe(budget=max(1, budget))
+        from batchtune.bench.twin_truth import TwinTruth
+
+        tpe = OptunaTpe(budget=max(1, budget), fits=TwinTruth().fits)
         testbed = SimTestbed(scenario, truth, seed, noise, cost)
         choices.append((tpe.name, tpe.tune(testbed, scenario, seed=seed), testbed))
     extra = [c.knobs for _, c, _ in choices if c.knobs is not None] + scenario.tuner_space.grid()

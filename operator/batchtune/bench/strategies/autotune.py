@@ -7,6 +7,14 @@
    `int(throughput) + 1` req/s, stepping down by 1 until it holds (or the rate reaches 0).
 3. Keep the cell with the highest request throughput among passing runs.
 
+One change, the script's own step made finer: its step of 1 req/s cannot express a capacity below 1 req/s (it
+stops at 1) and is coarse below about 10 (a 9.9 req/s capacity reads 9). As a user of the script would edit it for
+slow models, the step-down's step here is the largest of 1, 0.5, 0.2, 0.1, 0.05, ... req/s that puts at least 10
+steps below the rate=inf throughput (`rate_step`: step <= throughput / 10), and the step-down starts one step above
+that throughput (`step * (floor(throughput / step) + 1)`, the script's `int(throughput) + 1` when the step is 1) and
+goes down by one step while the rate is above 0. At 10 req/s and above it is the script exactly. The runs stay
+prompt-counted and billed as the script runs them (`SimTestbed.run_load(prompts=...)`).
+
 The script's only latency limit is P99 E2EL; here the scenario's whole SLO plays that role, which is
 if anything kind to the baseline (it cannot pick a setting that fails a limit it never checks).
 """
@@ -18,6 +26,11 @@ from dataclasses import dataclass
 
 from batchtune.bench.scenarios import Scenario
 from batchtune.bench.types import Choice, Knobs, Load, Testbed
+
+MIN_RATE_STEPS = 10
+"""The step-down's step puts at least this many steps below the rate=inf throughput."""
+MIN_RATE_STEP = 0.001
+"""req/s: the finest step (a throughput this low has no capacity worth tuning for)."""
 
 
 @dataclass(frozen=True)
@@ -68,15 +81,34 @@ class AutoTune:
         if scenario.slo.met_by(reading.metrics):
             # rate=inf met the limit: the server holds whatever it can process.
             return throughput, Load("request_rate", max(throughput, 1e-3))
-        rate = int(throughput) + 1
-        while rate > 0:
-            reading = testbed.run_load(Load("request_rate", float(rate)), prompts=self.stepdown_prompts)
+        for rate in stepdown_rates(throughput):
+            reading = testbed.run_load(Load("request_rate", rate), prompts=self.stepdown_prompts)
             if not reading.ok:
                 return None
             if scenario.slo.met_by(reading.metrics):
-                return reading.get("request_throughput", float(rate)), Load("request_rate", float(rate))
-            rate -= 1
+                return reading.get("request_throughput", rate), Load("request_rate", rate)
         return None
+
+
+def rate_step(throughput: float) -> float:
+    """The largest of 1, 0.5, 0.2, 0.1, 0.05, ... req/s with `MIN_RATE_STEPS` steps below `throughput` (1 when
+    there is no throughput: the script's step), at least `MIN_RATE_STEP`."""
+    if not throughput > 0:
+        return 1.0
+    exponent = 0
+    while True:
+        for mantissa in (1.0, 0.5, 0.2):
+            step = round(mantissa * 10.0**-exponent, 12)
+            if step * MIN_RATE_STEPS <= throughput or step <= MIN_RATE_STEP:
+                return step
+        exponent += 1
+
+
+def stepdown_rates(throughput: float) -> list[float]:
+    """The step-down's rates, highest first: one step above the rate=inf throughput, down by one step while > 0."""
+    step = rate_step(throughput)
+    top = math.floor(throughput / step + 1e-9) + 1 if throughput > 0 else 1
+    return [round(k * step, 9) for k in range(top, 0, -1)]
 
 
 def _largest(values: tuple[int | None, ...]) -> int | None:

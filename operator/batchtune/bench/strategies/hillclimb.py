@@ -1,6 +1,8 @@
 """A quick search in the style of Triton Model Analyzer's `quick` mode: hill-climb one knob at a time
 from small values, geometrically for the batch knob, while the objective improves and the
-constraints hold; then step gpu-memory-utilization the same way."""
+constraints hold; then step gpu-memory-utilization the same way. Given the memory prefilter (`fits`,
+`prefilter.Prefilter`) a setting the plan prunes is not started (nothing billed) and stops the climb that way, as a
+failed start would."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from dataclasses import dataclass
 
 from batchtune.bench.evaluate import TrialResult, TrialRunner
 from batchtune.bench.scenarios import Scenario
+from batchtune.bench.strategies.ours import FitFn
+from batchtune.bench.strategies.prefilter import Prefilter
 from batchtune.bench.types import Choice, Knobs, Testbed
 
 
@@ -16,6 +20,8 @@ class HillClimb:
     name: str = "hill_climb"
     min_gain: float = 0.01
     """An improvement smaller than this is noise, not a step uphill."""
+    fits: FitFn | None = None
+    """The memory prefilter ours plan with; None: none (the search as published)."""
 
     def tune(self, testbed: Testbed, scenario: Scenario, *, seed: int) -> Choice:
         space = scenario.tuner_space
@@ -24,11 +30,12 @@ class HillClimb:
         mbt = space.max_num_batched_tokens[0]
         gmu_index = min(range(len(gmus)), key=lambda i: abs(gmus[i] - scenario.default_gmu_pct))
         runner = TrialRunner(testbed, scenario)
+        prefilter = Prefilter(scenario, self.fits)
         seen: dict[Knobs, TrialResult] = {}
 
         def trial(knobs: Knobs) -> TrialResult:
             if knobs not in seen:
-                seen[knobs] = runner.run(knobs)
+                seen[knobs] = prefilter.skipped(knobs) or runner.run(knobs)
             return seen[knobs]
 
         # Phase 1: the batch knob, doubling through the candidate list from its smallest value.
@@ -59,4 +66,6 @@ class HillClimb:
             best, seq_index = candidate, seq_index + 1
         if not best.met:
             return Choice(None, None, "no setting met the SLO")
-        return Choice(best.knobs, best.claimed_load, f"{len(seen)} settings climbed")
+        pruned = len(seen) - len(runner.results)
+        note = f"{len(runner.results)} settings climbed" + (f", {pruned} pruned unbilled" if pruned else "")
+        return Choice(best.knobs, best.claimed_load, note)

@@ -106,7 +106,7 @@ class CoreStrategy:
             predicted = advice.launch_prediction(setting) if advice is not None else None
             if predicted is not None:
                 launched[setting] = predicted
-            result = runner.run(_knobs(setting), predicted.capacity_load if predicted is not None else None)
+            result = runner.run(knobs_of(setting), predicted.capacity_load if predicted is not None else None)
             outcome = to_outcome(result, objective)
             history.append((setting, outcome))
             completed.append(CompletedTrial(f"trial-{len(completed)}", setting, outcome))
@@ -116,7 +116,7 @@ class CoreStrategy:
         if selection.best is None:
             return Choice(None, None, selection.reason, report)
         chosen = claimed[selection.best]
-        return Choice(_knobs(selection.best), chosen.claimed_load, selection.reason, report)
+        return Choice(knobs_of(selection.best), chosen.claimed_load, selection.reason, report)
 
 
 def burst_probe(testbed: Testbed, scenario: Scenario, setting: Setting) -> TrialOutcome | None:
@@ -125,7 +125,7 @@ def burst_probe(testbed: Testbed, scenario: Scenario, setting: Setting) -> Trial
     defaults where the setting leaves them unset (the nominal twin's config: arithmetic, no hidden parameter)."""
     from batchtune.bench.twin_truth import TwinTruth
 
-    knobs = _knobs(setting)
+    knobs = knobs_of(setting)
     config = TwinTruth().config(scenario, knobs)
     burst = burst_of(setting, config.max_num_batched_tokens, config.max_model_len)
     if testbed.running != knobs:
@@ -150,7 +150,7 @@ def plan_for(scenario: Scenario, fits: FitFn | None) -> tuple[SearchSpace, Calla
         check = fits
 
         def fit(setting: Setting) -> FitVerdict:
-            ok, reason = check(scenario, _knobs(setting))
+            ok, reason = check(scenario, knobs_of(setting))
             return FitVerdict(ok, reason, VLLM.classify_failure(reason) if ok is False else None)
 
     limits = EngineLimits(max_model_len=scenario.max_model_len)
@@ -216,5 +216,5 @@ def predictions_report(history: list[HistoryEntry], launched: dict[Setting, Pred
     return tuple(rows)
 
 
-def _knobs(setting: Setting) -> Knobs:
+def knobs_of(setting: Setting) -> Knobs:
     return Knobs(setting.max_num_seqs, setting.gpu_memory_utilization_percent, setting.max_num_batched_tokens)
