@@ -95,7 +95,7 @@ def request(method: str, path: str, path_params: Mapping[str, str] | None = None
         files={}, auth_settings=["BearerToken"], collection_formats={})
     response = client_.call_api(*serialized, _request_timeout=timeout)
     if not 200 <= response.status <= 299:
-        response.read()
+        response.read()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
         raise ApiException.from_response(http_resp=response, body=None, data=None)
     return response.response
 
