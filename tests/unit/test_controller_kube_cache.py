@@ -14,7 +14,7 @@ from batchtune.controller.ports import Conflict
 
 
 class Raw:
-    """A response requested with `_preload_content=False`: the bytes as the API server sent them."""
+    """A response from `kube.request`, unread: the bytes as the API server sent them."""
 
     def __init__(self, obj: dict) -> None:
         self.data = json.dumps(obj).encode()
@@ -24,29 +24,26 @@ class Raw:
 
 
 class FakeApps:
-    """What `client.AppsV1Api(api())` answers, read raw as the operator asks: one Deployment, its reads and patches
-    counted."""
+    """What the API server answers the port's Deployment requests (`kube.request`): one Deployment, its reads and
+    patches counted."""
 
     store: dict[tuple[str, str], dict] = {}
     reads = 0
     conflict = False
 
-    def __init__(self, _api: object = None) -> None:
-        pass
-
-    def read_namespaced_deployment(self, name: str, namespace: str, _preload_content: bool = True) -> Raw:
-        assert _preload_content is False, "read raw: no model classes"
-        FakeApps.reads += 1
-        if (namespace, name) not in FakeApps.store:
-            raise ApiException(status=404)
-        return Raw(FakeApps.store[(namespace, name)])
-
-    def patch_namespaced_deployment(self, name: str, namespace: str, patch: dict, field_manager: str,
-                                    _preload_content: bool = True) -> Raw:
-        assert _preload_content is False, "read raw: no model classes"
+    @staticmethod
+    def request(method: str, path: str, path_params: dict, query=(), body=None, content_type=None, **_: object) -> Raw:
+        assert path == "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", path
+        key = (path_params["namespace"], path_params["name"])
+        if method == "GET":
+            FakeApps.reads += 1
+            if key not in FakeApps.store:
+                raise ApiException(status=404)
+            return Raw(FakeApps.store[key])
+        assert method == "PATCH" and content_type == kube.STRATEGIC_MERGE
         if FakeApps.conflict:
             raise ApiException(status=409)
-        dep = FakeApps.store[(namespace, name)]
+        dep = FakeApps.store[key]
         dep["metadata"]["resourceVersion"] = str(int(dep["metadata"]["resourceVersion"]) + 1)
         return Raw(dep)
 
@@ -56,7 +53,7 @@ def cluster(monkeypatch):
     FakeApps.store = {("ns", "llm"): {"metadata": {"name": "llm", "namespace": "ns", "resourceVersion": "5"},
                                       "spec": {"replicas": 1}}}
     FakeApps.reads, FakeApps.conflict = 0, False
-    monkeypatch.setattr(kube.client, "AppsV1Api", FakeApps)
+    monkeypatch.setattr(kube, "request", FakeApps.request)
     versions: dict[tuple[str, str], list[str]] = {("ns", "llm"): ["5"]}
     indexes = Indexes({}, {}, {}, deployment_versions=versions)
     return KubeCluster(indexes, "x", DeploymentCache()), versions

@@ -6,6 +6,11 @@ target Deployment is read once and served from `DeploymentCache` while the watch
 Deployment's resourceVersion says it has not changed (its resourceVersion is the precondition of every
 patch, which the API server refuses when stale); production's pods, Services and an opted-in Secret are
 read when a phase needs them.
+
+Every request goes through the official client's `ApiClient` (its configuration, credentials, TLS and connection
+pool) by path, not through its typed API classes (`AppsV1Api`, `CoreV1Api`, ...): importing those loads hundreds
+of pydantic model modules they name in their signatures (~26 MB of the operator's RSS, on its first tick), and the
+port reads and writes plain JSON anyway. `request` sends what those classes send (tests/unit/test_controller_kube_wire.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import base64
 import copy
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -64,10 +70,39 @@ def api() -> client.ApiClient:
     return _CLIENT
 
 
-def _json(response: Any) -> Any:
-    """The API server's JSON of a response requested with `_preload_content=False` (the client raised ApiException
-    already for a non-2xx). Unread, the client (37, pydantic) builds and fills a model class for every kind it
-    deserializes: those models cost the operator's first ticks tens of MB and every read its CPU."""
+ACCEPT = ["application/json", "application/yaml", "application/vnd.kubernetes.protobuf", "application/cbor"]
+"""What the typed API classes offer the API server (the client picks JSON of them)."""
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+"""The patch type the typed `patch_namespaced_*` sent for an object body (the client's REST layer turns its default,
+JSON Patch, into this for anything but a list)."""
+
+
+def request(method: str, path: str, path_params: Mapping[str, str] | None = None,
+            query: Iterable[tuple[str, Any]] = (), body: Any = None, content_type: str | None = None,
+            timeout: float | None = None, via: client.ApiClient | None = None) -> Any:
+    """One request to the API server over the shared client, as the typed API classes send it: `path` a template
+    such as `/apis/apps/v1/namespaces/{namespace}/deployments/{name}`, `query` in the order they send it (None values
+    left out), the body a plain dict, `via` another client than the shared one. Returns the response unread
+    (urllib3's; read it with `read_json` or `_text`); raises ApiException for a non-2xx, as the typed call with
+    `_preload_content=False` did."""
+    client_ = via if via is not None else api()
+    headers: dict[str, Any] = {"Accept": client_.select_header_accept(ACCEPT)}
+    if content_type:
+        headers["Content-Type"] = content_type
+    serialized = client_.param_serialize(
+        method=method, resource_path=path, path_params=dict(path_params or {}),
+        query_params=[(k, v) for k, v in query if v is not None], header_params=headers, body=body, post_params=[],
+        files={}, auth_settings=["BearerToken"], collection_formats={})
+    response = client_.call_api(*serialized, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        response.read()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response.response
+
+
+def read_json(response: Any) -> Any:
+    """The API server's JSON of a response from `request`: no model class is built or filled (the client's typed
+    reads build one for every kind they deserialize, tens of MB on the operator's first ticks and CPU on every read)."""
     try:
         data = response.data
     finally:
@@ -75,9 +110,26 @@ def _json(response: Any) -> Any:
     return json.loads(data) if data else {}
 
 
+def _text(response: Any) -> str:
+    """A text response from `request` (a container's log) decoded as the typed client decoded a `str` answer."""
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    content_type = response.headers.get("content-type")
+    match = re.search(r"charset=([a-zA-Z\-\d]+)[\s;]?", content_type) if content_type is not None else None
+    return str(api().deserialize(data.decode(match.group(1) if match else "utf-8"), "str", content_type))
+
+
 def _body(obj: Mapping[str, Any]) -> Any:
-    """A plain dict as a request body: the client's signatures name its model classes, it takes dicts too."""
+    """A plain dict as a request body."""
     return dict(obj)
+
+
+_APPS = "/apis/apps/v1/namespaces/{namespace}/"
+_BATCH = "/apis/batch/v1/namespaces/{namespace}/"
+_CORE = "/api/v1/namespaces/{namespace}/"
+_COLLECTIONS = {"Deployment": _APPS + "deployments", "Job": _BATCH + "jobs", "ConfigMap": _CORE + "configmaps"}
 
 
 def _time(value: Any) -> datetime | None:
@@ -215,7 +267,7 @@ class KubeCluster:
         if cached is not None:
             return cached
         try:
-            found = dict(_json(client.AppsV1Api(api()).read_namespaced_deployment(name, namespace, _preload_content=False)))
+            found = dict(read_json(request("GET", _APPS + "deployments/{name}", {"namespace": namespace, "name": name})))
         except ApiException as exc:
             if exc.status == 404:
                 self.cache.forget(namespace, name)
@@ -238,7 +290,7 @@ class KubeCluster:
         if known:
             return controller
         try:
-            found = _json(client.AppsV1Api(api()).read_namespaced_replica_set(name, namespace, _preload_content=False))
+            found = read_json(request("GET", _APPS + "replicasets/{name}", {"namespace": namespace, "name": name}))
         except ApiException as exc:
             if exc.status == 404:
                 return None  # gone, or never was: no pod of it is evidence
@@ -265,7 +317,7 @@ class KubeCluster:
         text = selector_text(selector)
         if text is None:
             return []
-        pods = _json(client.CoreV1Api(api()).list_namespaced_pod(namespace, label_selector=text, _preload_content=False))
+        pods = read_json(request("GET", _CORE + "pods", {"namespace": namespace}, [("labelSelector", text)]))
         return [pod_digest(p) for p in pods.get("items") or []]
 
     def nodes(self) -> list[dict[str, Any]] | None:
@@ -293,14 +345,14 @@ class KubeCluster:
         return out
 
     def services(self, namespace: str) -> list[dict[str, Any]]:
-        items = _json(client.CoreV1Api(api()).list_namespaced_service(namespace, _preload_content=False)).get("items") or []
+        items = read_json(request("GET", _CORE + "services", {"namespace": namespace})).get("items") or []
         return [{"spec": {"selector": (s.get("spec") or {}).get("selector") or {}}} for s in items]
 
     def container_log(self, namespace: str, pod: str, container: str, previous: bool) -> str | None:
         try:
-            return str(client.CoreV1Api(api()).read_namespaced_pod_log(
-                pod, namespace, container=container, previous=previous, tail_lines=LOG_TAIL_LINES,
-                limit_bytes=LOG_LIMIT_BYTES))
+            return _text(request("GET", _CORE + "pods/{name}/log", {"namespace": namespace, "name": pod},
+                                 [("container", container), ("limitBytes", LOG_LIMIT_BYTES), ("previous", previous),
+                                  ("tailLines", LOG_TAIL_LINES)]))
         except ApiException as exc:
             if exc.status in (400, 403, 404):  # gone, not started, or the install may not read logs
                 return None
@@ -310,7 +362,7 @@ class KubeCluster:
                      field: str = "spec.prometheus.authSecretRef") -> str:
         label = label or self.secret_label
         try:
-            secret = _json(client.CoreV1Api(api()).read_namespaced_secret(name, namespace, _preload_content=False))
+            secret = read_json(request("GET", _CORE + "secrets/{name}", {"namespace": namespace, "name": name}))
         except ApiException as exc:
             if exc.status in (403, 404):
                 raise NotAllowed(f"{field}: Secret {namespace}/{name} cannot be read "
@@ -330,16 +382,10 @@ class KubeCluster:
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         kind, ns = obj["kind"], obj["metadata"]["namespace"]
+        if kind not in _COLLECTIONS:
+            raise ValueError(f"unsupported kind {kind!r}")
         try:
-            if kind == "Deployment":
-                _json(client.AppsV1Api(api()).create_namespaced_deployment(ns, _body(obj), field_manager=FIELD_MANAGER, _preload_content=False))
-            elif kind == "Job":
-                _json(client.BatchV1Api(api()).create_namespaced_job(ns, _body(obj), field_manager=FIELD_MANAGER, _preload_content=False))
-            elif kind == "ConfigMap":
-                _json(client.CoreV1Api(api()).create_namespaced_config_map(ns, _body(obj), field_manager=FIELD_MANAGER,
-                                                                          _preload_content=False))
-            else:
-                raise ValueError(f"unsupported kind {kind!r}")
+            read_json(request("POST", _COLLECTIONS[kind], {"namespace": ns}, [("fieldManager", FIELD_MANAGER)], _body(obj)))
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -347,14 +393,12 @@ class KubeCluster:
         return True
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        if kind not in ("Deployment", "Job"):
+            raise ValueError(f"unsupported kind {kind!r}")
+        grace = 5 if kind == "Deployment" else None
         try:
-            if kind == "Deployment":
-                _json(client.AppsV1Api(api()).delete_namespaced_deployment(
-                    name, namespace, propagation_policy="Background", grace_period_seconds=5, _preload_content=False))
-            elif kind == "Job":
-                _json(client.BatchV1Api(api()).delete_namespaced_job(name, namespace, propagation_policy="Background", _preload_content=False))
-            else:
-                raise ValueError(f"unsupported kind {kind!r}")
+            read_json(request("DELETE", _COLLECTIONS[kind] + "/{name}", {"namespace": namespace, "name": name},
+                          [("gracePeriodSeconds", grace), ("propagationPolicy", "Background")]))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -363,8 +407,8 @@ class KubeCluster:
         if (patch.get("metadata") or {}).get("resourceVersion") != resource_version:
             raise ValueError("a production patch must carry the resourceVersion it was decided on")
         try:
-            result = _json(client.AppsV1Api(api()).patch_namespaced_deployment(name, namespace, dict(patch),
-                                                                               field_manager=FIELD_MANAGER, _preload_content=False))
+            result = read_json(request("PATCH", _APPS + "deployments/{name}", {"namespace": namespace, "name": name},
+                                   [("fieldManager", FIELD_MANAGER)], dict(patch), STRATEGIC_MERGE))
         except ApiException as exc:
             if exc.status == 409:
                 self.cache.forget(namespace, name)
@@ -398,13 +442,13 @@ def selector_text(selector: Mapping[str, Any]) -> str | None:
 
 def upsert_configmap(body: Mapping[str, Any]) -> None:
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    core = client.CoreV1Api(api())
+    query = [("fieldManager", FIELD_MANAGER)]
     try:
-        _json(core.replace_namespaced_config_map(name, ns, _body(body), field_manager=FIELD_MANAGER, _preload_content=False))
+        read_json(request("PUT", _CORE + "configmaps/{name}", {"namespace": ns, "name": name}, query, _body(body)))
     except ApiException as exc:
         if exc.status != 404:
             raise
-        _json(core.create_namespaced_config_map(ns, _body(body), field_manager=FIELD_MANAGER, _preload_content=False))
+        read_json(request("POST", _CORE + "configmaps", {"namespace": ns}, query, _body(body)))
 
 
 __all__ = ["COMPONENT_LOAD", "FIELD_MANAGER", "Indexes", "KubeCluster", "LABEL_COMPONENT", "LABEL_TRIAL",

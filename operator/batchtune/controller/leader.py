@@ -162,21 +162,36 @@ def _micro(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if value else None
 
 
+def _time(value: Any) -> datetime | None:
+    # MicroTime as the API server writes it (RFC 3339, "Z"), read into an aware datetime as the typed client did.
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+
+
 def _record(lease: Any) -> LeaseRecord:
-    spec = lease.spec
-    return LeaseRecord(holder=spec.holder_identity or None, duration_s=int(spec.lease_duration_seconds or 0),
-                       acquire_time=spec.acquire_time, renew_time=spec.renew_time,
-                       transitions=int(spec.lease_transitions or 0), resource_version=lease.metadata.resource_version)
+    spec, meta = lease.get("spec") or {}, lease.get("metadata") or {}
+    return LeaseRecord(holder=spec.get("holderIdentity") or None, duration_s=int(spec.get("leaseDurationSeconds") or 0),
+                       acquire_time=_time(spec.get("acquireTime")), renew_time=_time(spec.get("renewTime")),
+                       transitions=int(spec.get("leaseTransitions") or 0), resource_version=meta.get("resourceVersion"))
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
 class KubeLease:
-    """`LeaseApi` over `coordination.k8s.io/v1` Leases."""
+    """`LeaseApi` over `coordination.k8s.io/v1` Leases, read and written as JSON through `kube.request` (the typed
+    `CoordinationV1Api` would load its model modules into the active replica: ~1 MB)."""
 
     def __init__(self, namespace: str, name: str, api_client: Any = None) -> None:
-        from kubernetes import client
+        from batchtune.controller import kube
 
         self.namespace, self.name = namespace, name
-        self._api = client.CoordinationV1Api(api_client)
+        self._client = api_client if api_client is not None else kube.api()
+
+    def _call(self, method: str, path: str, body: Any = None) -> LeaseRecord:
+        from batchtune.controller import kube
+
+        params = {"namespace": self.namespace, "name": self.name}
+        return _record(kube.read_json(kube.request(method, path, params, body=body, timeout=5, via=self._client)))
 
     def _body(self, record: LeaseRecord) -> Any:
         """The Lease as a plain dict (the client's signatures name its model classes; it takes dicts too)."""
@@ -193,7 +208,7 @@ class KubeLease:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _record(self._api.read_namespaced_lease(self.name, self.namespace, _request_timeout=5))
+            return self._call("GET", LEASES + "/{name}")
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -203,7 +218,7 @@ class KubeLease:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _record(self._api.create_namespaced_lease(self.namespace, self._body(record), _request_timeout=5))
+            return self._call("POST", LEASES, self._body(record))
         except ApiException as exc:
             if exc.status == 409:
                 raise LeaseConflict(str(exc.reason)) from None
@@ -213,8 +228,7 @@ class KubeLease:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _record(self._api.replace_namespaced_lease(self.name, self.namespace, self._body(record),
-                                                              _request_timeout=5))
+            return self._call("PUT", LEASES + "/{name}", self._body(record))
         except ApiException as exc:
             if exc.status == 409:
                 raise LeaseConflict(str(exc.reason)) from None
