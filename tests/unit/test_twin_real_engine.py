@@ -19,11 +19,33 @@ from batchtune.twin.accuracy import TRAIN_LOADS, TRAIN_SETTING, CurveResult, eva
 
 CURVE = Path(__file__).resolve().parents[1] / "data" / "real-vllm-curve"
 BOUNDS = {"throughput": 0.15, "tpot": 0.20, "ttft": 0.50}
-# Not met (docs/twin.md, "Point by point: real vLLM on CPU"): the quiet re-recording of 3 Dec halved the noisy
-# one's errors but still misses 20 of 42 held-out figures: the CPU node's step model gains more from batching than
-# real decode on this CPU does. Strict: a twin that meets the bounds fails these marks, and they come off with it.
-NOT_MET = pytest.mark.xfail(strict=True, reason="issue 23's real-engine check is not met on the quiet recording "
-                                                "either: the CPU node's step model over-predicts batching gains")
+# Not met (docs/twin.md, "Point by point: real vLLM on CPU"). With the CPU step model (fit.CPU_PHYSICS_PARAMETERS,
+# fit.CPU_PRIORS) calibrated on every repeat of its three training points, 9 of the 36 held-out figures below
+# saturation still miss (17 before), each for a cause named here; strict: a twin that meets a bound fails its mark,
+# and the mark comes off with it.
+NOT_MET = {
+    "throughput": "at 2 streams, where max-num-seqs cannot matter, the recording itself measured 626-957 tok/s "
+                  "(max-num-seqs 4 and 8): no one prediction is within 15 % of both; max-num-seqs 16 at 16 "
+                  "streams measured 1,744 tok/s, less than its own 8 streams (2,027); and at 4 and 8 streams "
+                  "(+17 to +24 %) the training points contradict themselves: 4 streams decode as slowly (median "
+                  "ITL 2.6-2.9 ms) as 8 sequences at 16 streams (2.1-3.2 ms), so no step time that grows with the "
+                  "batch reproduces both (the fit misses its own 4-stream throughput by +28 and +40 %)",
+    "tpot": "at 2 streams the recording measured 1.78-2.75 ms (max-num-seqs 8 and 4): no one prediction is within "
+            "20 % of both; and max-num-seqs 16 at 16 streams 7.2 ms where 32 streams on the same batch took 5.0 ms",
+    "ttft": "max-num-seqs 16 at 16 streams (69 ms, the twin 24 ms): the real clients' fixed lengths keep them in "
+            "waves that queue at the API server together, which the twin's closed-loop spread floor "
+            "(observations.CLOSED_LOOP_MIN_SPREAD) breaks up",
+}
+KNEE_NOT_MET = ("at max-num-seqs 8 the measured knee is at 2 streams (2 -> 4 streams: +7 %) where max-num-seqs 4 "
+                "gains +68 % at the same loads, both below saturation: no twin whose batch holds every stream puts "
+                "both; and max-num-seqs 16 loses throughput from 8 to 16 streams (2,027 -> 1,744 tok/s)")
+# The held-out figures that miss, each under a cause above: a new miss anywhere else fails
+# test_misses_only_where_the_recording_contradicts_itself.
+KNOWN_MISSES = {
+    "throughput": {"mns=4 c=2", "mns=8 c=2", "mns=4 c=4", "mns=16 c=4", "mns=8 c=8", "mns=16 c=16"},
+    "tpot": {"mns=8 c=2", "mns=16 c=16"},
+    "ttft": {"mns=16 c=16"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +61,8 @@ def test_calibrated_on_three_loads_of_one_setting(result: CurveResult) -> None:
     assert len(settings) >= 4 and len(result.curve.points) >= 20  # the rest is predicted, never fitted
 
 
-@NOT_MET
-@pytest.mark.parametrize("figure", sorted(BOUNDS))
+@pytest.mark.parametrize("figure", [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=NOT_MET[f]))
+                                    if f in NOT_MET else f for f in sorted(BOUNDS)])
 def test_every_point_below_saturation_within_its_bound(result: CurveResult, figure: str) -> None:
     rows = [r for r in result.rows if r.figure == figure and not r.point.saturated]
     assert len(rows) >= 10
@@ -49,7 +71,39 @@ def test_every_point_below_saturation_within_its_bound(result: CurveResult, figu
     assert not misses, misses
 
 
-@NOT_MET
+def _misses(result: CurveResult, figure: str) -> dict[str, float]:
+    return {r.point.label: r.error for r in result.rows
+            if r.figure == figure and r.held_out and not r.point.saturated and not abs(r.error) <= BOUNDS[figure]}
+
+
+@pytest.mark.parametrize("figure", sorted(BOUNDS))
+def test_misses_only_where_the_recording_contradicts_itself(result: CurveResult, figure: str) -> None:
+    """Every held-out figure below saturation is within its bound but the ones NOT_MET names."""
+    unexplained = {k: f"{v:+.0%}" for k, v in _misses(result, figure).items() if k not in KNOWN_MISSES[figure]}
+    assert not unexplained, unexplained
+
+
+@pytest.mark.parametrize(("figure", "streams"), [("throughput", 2), ("tpot", 2)])
+def test_the_recording_scatters_beyond_the_bound_where_max_num_seqs_cannot_matter(
+        result: CurveResult, figure: str, streams: int) -> None:
+    """Why NOT_MET cannot come off for throughput and TPOT with this recording: at one load below every setting's
+    batch the engine runs the same steps whatever max-num-seqs is, yet no one value lies within the bound of every
+    setting's measurement."""
+    measured = [r.measured for r in result.rows if r.figure == figure and r.held_out
+                and int(r.point.observation.concurrency or 0) == streams and not r.point.saturated]
+    assert len(measured) >= 3
+    assert max(measured) * (1 - BOUNDS[figure]) > min(measured) * (1 + BOUNDS[figure]), measured
+
+
+def test_held_out_error_of_the_cpu_step_model(result: CurveResult) -> None:
+    """The CPU step model's held-out MAPE (docs/twin.md: 17.2 / 15.3 / 22.2 / 14.6 %; 33.5 / 18.5 / 36.8 / 22.2 %
+    before it), held with a little room."""
+    limits = {"throughput": 20.0, "tpot": 18.0, "ttft": 25.0, "e2el": 17.0}
+    errors = {f: result.mape(f, True) for f in limits}
+    assert all(e is not None and e <= limits[f] for f, e in errors.items()), errors
+
+
+@pytest.mark.xfail(strict=True, reason=KNEE_NOT_MET)
 def test_the_knee_of_each_setting_is_where_the_measurement_has_it(result: CurveResult) -> None:
     """Along the streams, throughput stops paying (the operator's knee rule, core.knee) at the same load in the
     prediction as in the measurement: the twin puts the plateau at the right max-num-seqs."""

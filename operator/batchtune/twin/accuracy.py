@@ -180,7 +180,7 @@ def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_set
                    train_loads: Sequence[int] = TRAIN_LOADS) -> Curve:
     """A curve recorded by hack/real-vllm/measure-curve --save-dir: every run file read as `batchtune twin
     calibrate` reads it; a point is the fastest of its repeats (the others lost time to the machine's other
-    work), for the training points as for the rest."""
+    work); the twin is calibrated on every repeat of the training points (`Curve.training`)."""
     from batchtune.twin import observations as reading
 
     folder = Path(folder)
@@ -206,7 +206,10 @@ def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_set
         obs = replace(fastest, source=f"{fastest.source} (fastest of {len(found)})")
         if mns == train_setting and int(conc) in train_loads:
             train.append(len(points))
-            training.append(obs)
+            # Calibrated on every repeat of the training points, as `batchtune twin calibrate runs/*.json` would
+            # be: on the quiet machine the repeats scatter both ways (one point's fastest repeat decodes 8
+            # sequences faster than another's 4), and one repeat per point would fit that scatter as physics.
+            training.extend(found)
         points.append(Point(f"mns={mns} c={conc:g}", obs, dict(obs.metrics), saturated=conc > mns))
     return Curve(f"real vLLM on CPU ({meta['model']})", meta.get("command", str(folder)), tuple(points),
                  tuple(train), tuple(training))
@@ -264,4 +267,6 @@ def params_line(params: TwinParams, cfg: ServeConfig) -> str:
     g = cfg.gpu
     return (f"bandwidth {g.eta_bw * params.bw_scale:.0%} of peak, compute {g.eta_flops * params.flops_scale:.0%}, "
             f"step {params.step_overhead_s * 1e3:.3g} ms, per sequence {params.seq_overhead_s * 1e6:.3g} us, layer floor "
-            f"{params.layer_floor_s * 1e6:.3g} us, response path {params.response_path_s * 1e3:.3g} ms")
+            f"{params.layer_floor_s * 1e6:.3g} us, response path {params.response_path_s * 1e3:.3g} ms"
+            + (f", per prompt token {params.prefill_token_overhead_s * 1e6:.3g} us" if params.prefill_token_overhead_s
+               else ""))

@@ -7,7 +7,8 @@ and what was measured (`vllm bench serve` keys). `calibrate(observations)` fits 
    model's gives the memory outside the pool (`memory_offset_gib`), exactly, where it was measured.
 2. Step time: bandwidth and compute efficiency, per-step and per-sequence CPU overheads, the kernel
    floor and the response path, by Levenberg-Marquardt on log errors of throughput, ITL/TPOT, TTFT
-   and E2E, each parameter held to the catalog by a prior as wide as its published range. The fit runs
+   and E2E, each parameter held to the catalog by a prior as wide as its published range (on a CPU device
+   also the CPU time per prompt token, with priors centred on a CPU worker's costs: `CPU_PRIORS`). The fit runs
    on the fast path (`twin.steady`, a tenth of a millisecond per evaluation) and is mapped onto the
    event simulation: after each fit, the simulation's ratio to the fast path at every observation
    corrects the targets and the fit runs again (output space mapping), so the parameters are right for
@@ -62,6 +63,22 @@ OVERHEAD_BOUNDS: dict[str, tuple[float, float]] = {
     "step_overhead_s": (20e-6, 0.25), "seq_overhead_s": (0.02e-6, 5e-3), "layer_floor_s": (0.5e-6, 2e-3),
     "response_path_s": (0.1e-3, 2.0),
 }
+# vLLM's CPU backend (a catalog device of kind `cpu`): the same step-time structure, priced as one CPU core runs it.
+# A GPU's decode step streams the weights and its batch rides along almost free; the CPU worker's step is mostly
+# the engine's own Python and the per-sequence work it does on its one bound core (input preparation, attention
+# over each sequence's KV, sampling, output processing), and a prompt costs per token (the attention and input
+# preparation of every prompt token, not a compute-bound GEMM at TFLOP/s). So for a CPU device the fit also
+# fits the per-prompt-token cost, and its priors are centred on a CPU worker's costs and a client on the same
+# host (loopback), not a GPU host's and a client across a network. Widths stay wide: the data decide.
+CPU_PHYSICS_PARAMETERS: tuple[tuple[str, float], ...] = (("prefill_token_overhead_s", 1.5),)
+CPU_PRIORS: dict[str, float] = {
+    "step_overhead_s": 1e-3,
+    "seq_overhead_s": 100e-6,
+    "prefill_token_overhead_s": 30e-6,
+    "response_path_s": 5e-3,
+}
+"""Prior centres on a CPU device where the base is the catalog's (a given base keeps its own)."""
+CPU_OVERHEAD_BOUNDS: dict[str, tuple[float, float]] = {"prefill_token_overhead_s": (0.1e-6, 1e-3)}
 MEMORY_SLACK_GIB = 0.25
 """A measured KV pool may exceed what the memory model leaves beside the weights by this much (rounding, the
 profile's estimate) before it contradicts the model, GPU, parallelism or quantization given."""
@@ -478,16 +495,20 @@ class _PhysicsVector(_Vector):
     def __init__(self, base: TwinParams, cfg: ServeConfig):
         self.base = base
         self.cfg = cfg
-        self.names = [n for n, _ in PHYSICS_PARAMETERS]
         gpu = cfg.gpu
+        fitted = PHYSICS_PARAMETERS + (CPU_PHYSICS_PARAMETERS if gpu.is_cpu else ())
+        self.names = [n for n, _ in fitted]
         limits = {"bw_scale": (MIN_EFFICIENCY / gpu.eta_bw, MAX_BANDWIDTH_EFFICIENCY / gpu.eta_bw),
                   "flops_scale": (MIN_EFFICIENCY / gpu.eta_flops, MAX_COMPUTE_EFFICIENCY / gpu.eta_flops),
-                  **OVERHEAD_BOUNDS}
+                  **OVERHEAD_BOUNDS, **CPU_OVERHEAD_BOUNDS}
         self.lo = np.log([limits[n][0] for n in self.names])
         self.hi = np.log([limits[n][1] for n in self.names])
-        start = [min(max(float(getattr(base, n)), limits[n][0]), limits[n][1]) for n in self.names]
+        centres = {n: float(getattr(base, n)) for n in self.names}
+        if gpu.is_cpu:
+            centres.update({n: v for n, v in CPU_PRIORS.items() if getattr(base, n) == getattr(NOMINAL, n)})
+        start = [min(max(centres[n], limits[n][0]), limits[n][1]) for n in self.names]
         self.x0 = np.log(start)
-        self.sigma = np.array([w for _, w in PHYSICS_PARAMETERS])
+        self.sigma = np.array([w for _, w in fitted])
 
     def params(self, x: np.ndarray) -> TwinParams:
         x = np.clip(x, self.lo, self.hi)
@@ -531,7 +552,8 @@ class _PhysicsVector(_Vector):
                          "model, another GPU, or TTFT that includes queueing outside the engine (a proxy, the "
                          "client's own connection limit)?")
         what = {"step_overhead_s": "CPU time per engine step", "seq_overhead_s": "CPU time per scheduled sequence",
-                "layer_floor_s": "kernel-latency floor per layer", "response_path_s": "response path to the client"}
+                "layer_floor_s": "kernel-latency floor per layer", "response_path_s": "response path to the client",
+                "prefill_token_overhead_s": "CPU time per prompt token"}
         if side == "upper":
             cause = {"response_path_s": "TTFT and E2E include more than the engine and its API server: the client "
                                         "(its event loop), the network or a proxy in between?",
