@@ -6,8 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from batchtune.bench.evaluate import Evaluation, Judge
 from batchtune.bench.types import Knobs, Load
@@ -42,20 +44,46 @@ def fingerprint_sources() -> list[Path]:
 
 
 def _twin_fingerprint() -> str:
+    return _digest(fingerprint_sources())
+
+
+def _digest(paths: list[Path]) -> str:
     digest = hashlib.sha256()
-    for path in fingerprint_sources():
+    for path in paths:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
+def truth_sources(truth: Any) -> list[Path]:
+    """The batchtune modules that define the truth's class and its bases, less those `fingerprint_sources` already
+    hashes: a truth in a module of its own (`far_reality.py`) is keyed by its code too, and one in the listed
+    modules (the nominal and perturbed truths) adds nothing, so their keys stay what they were."""
+    known = {p.resolve() for p in fingerprint_sources()}
+    paths: list[Path] = []
+    for cls in type(truth).__mro__:
+        if not cls.__module__.startswith("batchtune."):
+            continue
+        file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if file is None:
+            continue
+        path = Path(file).resolve()
+        if path not in known and path not in paths:
+            paths.append(path)
+    return paths
+
+
 def cache_key(judge: Judge) -> str:
     """The judge's window, the scenario (every field), the truth (its class, its every field and, where it has one,
-    its own description, a hidden reality's parameters) and the sources that compute an evaluation."""
+    its own description, a hidden reality's parameters) and the sources that compute an evaluation (the twin's and
+    the judge's, and a truth's own module where it is not among them: `truth_sources`)."""
     describe = getattr(judge.truth, "describe", None)
     truth = describe(judge.scenario) if describe is not None else ""
     kind = f"{type(judge.truth).__module__}.{type(judge.truth).__qualname__}"
     text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{kind}|{judge.truth!r}|{truth}|{_twin_fingerprint()}"
+    own = truth_sources(judge.truth)
+    if own:
+        text += f"|{_digest(own)}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -34,9 +34,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tuning.add_argument("--seed", type=int, default=0, help="seed of every noisy reading and strategy (default 0)")
     tuning.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     tuning.add_argument("--noise", type=float, default=DEFAULT_NOISE, help=f"measurement noise (default {DEFAULT_NOISE})")
-    tuning.add_argument("--truth", choices=("perturbed", "nominal"), default="perturbed",
-                        help="what the strategies tune against: each scenario's hidden reality (default), or the "
-                             "catalog's twin they plan with")
+    tuning.add_argument("--truth", choices=("perturbed", "far", "nominal"), default="perturbed",
+                        help="what the strategies tune against: each scenario's hidden reality (default: the twin "
+                             "with re-drawn parameters and 1-2 structures), a reality farther from the twin (far: "
+                             "another step-time parameterisation and 1-3 of 5 other structures), or the catalog's "
+                             "twin they plan with")
     tuning.add_argument("--truth-seeds", "--truth-seed", default=None, metavar="SEEDS",
                         help="the hidden realities every scenario is judged on, e.g. 1-5 or 1,3 (default "
                              f"{REPORTING_SEEDS_HELP}, held out; {DEVELOPMENT_SEEDS_HELP} is the development set the "
@@ -58,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _tuning(args: argparse.Namespace) -> int:
+    from batchtune.bench.far_reality import FarTruth
     from batchtune.bench.reality import PerturbedTruth
     from batchtune.bench.report import to_json
     from batchtune.bench.runner import run_bench
@@ -106,7 +109,7 @@ def _tuning(args: argparse.Namespace) -> int:
         if args.output == "table":
             print(f"Finished {result.case} in {result.seconds:.0f} s", file=sys.stderr)
 
-    factory = TwinTruth if args.truth == "nominal" else PerturbedTruth
+    factory = {"nominal": TwinTruth, "perturbed": PerturbedTruth, "far": FarTruth}[args.truth]
     result = run_bench(scenarios, factory, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
                        use_cache=args.cache, progress=progress, truth_name=args.truth, truth_seeds=truth_seeds)
     if args.save:
