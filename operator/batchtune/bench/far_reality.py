@@ -309,6 +309,9 @@ def simulate(cfg: ServeConfig, workload: Workload, duration_s: float, seed: int,
 
 
 def _simulate(cfg: ServeConfig, workload: Workload, duration_s: float, seed: int, reality: FarReality) -> Prediction:
+    """`twin.predict._simulate` on a `FarEngine`. Written again rather than shared: sharing it would take an engine
+    hook in `twin/predict.py`, whose source is in every truth's cache key, and so would drop the perturbed truth's
+    cached results for no change of theirs."""
     from batchtune.twin.memory import RuntimeOutOfMemory
     from batchtune.twin.predict import Prediction, _Simulation
 
