@@ -398,7 +398,8 @@ class FarTruth(TwinTruth):
             request_rate=None if closed else load.value, length_dist=scenario.length_dist, num_prompts=prompts,
             warmup_s=warmup,
         )
-        window = PROMPT_RUN_CAP_S if prompts is not None else min(PROMPT_RUN_CAP_S, max(duration_s, 1.0))
+        # An operator window is simulated for its whole length (a run lengthened for too few requests sees more).
+        window = PROMPT_RUN_CAP_S if prompts is not None else max(duration_s, 1.0)
         prediction = simulate(self.config(scenario, knobs), workload, window, seed, noise, self.reality(scenario))
         failure = prediction.startup_error or prediction.runtime_error
         if failure:
