@@ -29,7 +29,7 @@ STRATEGY_SIDE = frozenset({"calibration.py", "cli_calibrate.py", "cli_predict.py
 
 def fingerprint_sources() -> list[Path]:
     """Every source whose code decides a noise-free evaluation: the twin (less its strategy side), the truths
-    (`twin_truth.py`, `reality.py`), the judge itself (`evaluate.py`: the burst rule, the shared evaluations), its
+    (`twin_truth.py`, `reality.py`, `recorded.py`), the judge itself (`evaluate.py`: the burst rule, the shared evaluations), its
     capacity search (`loadsearch.py`), the scenarios' derived figures (`scenarios.py`: windows, grids) and the value
     types (`types.py`: the SLO's test)."""
     import batchtune.bench as bench
@@ -37,8 +37,8 @@ def fingerprint_sources() -> list[Path]:
 
     here = Path(bench.__file__).parent
     sources = [p for p in sorted(Path(twin.__file__).parent.glob("*.py")) if p.name not in STRATEGY_SIDE]
-    return sources + [here / name for name in ("evaluate.py", "loadsearch.py", "reality.py", "scenarios.py",
-                                               "twin_truth.py", "types.py")]
+    return sources + [here / name for name in ("evaluate.py", "loadsearch.py", "reality.py", "recorded.py",
+                                               "scenarios.py", "twin_truth.py", "types.py")]
 
 
 def _twin_fingerprint() -> str:
@@ -51,11 +51,15 @@ def _twin_fingerprint() -> str:
 
 def cache_key(judge: Judge) -> str:
     """The judge's window, the scenario (every field), the truth (its class, its every field and, where it has one,
-    its own description, a hidden reality's parameters) and the sources that compute an evaluation."""
+    its own description, a hidden reality's parameters; a recorded truth's `data_fingerprint`, its recording's content
+    hash) and the sources that compute an evaluation."""
     describe = getattr(judge.truth, "describe", None)
     truth = describe(judge.scenario) if describe is not None else ""
     kind = f"{type(judge.truth).__module__}.{type(judge.truth).__qualname__}"
     text = f"{CACHE_VERSION}|{judge.window_s}|{judge.scenario!r}|{kind}|{judge.truth!r}|{truth}|{_twin_fingerprint()}"
+    data = getattr(judge.truth, "data_fingerprint", None)
+    if data is not None:
+        text += f"|data:{data}"  # a recorded truth's recording: its content hash, whatever its description says
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

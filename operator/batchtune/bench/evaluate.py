@@ -113,7 +113,9 @@ class Judge:
                 failures.append(reading)
             return reading
 
-        found = exact_capacity(
+        # A truth with its own capacity search (the recorded engine: only recorded loads) uses it.
+        search = getattr(self.truth, "capacity_search", None)
+        found = search(measure, sc.slo, sc.load_kind, knobs) if search is not None else exact_capacity(
             measure, sc.slo, sc.load_kind, saturation_concurrency=knobs.max_num_seqs, hint=hint
         )
         if failures:
