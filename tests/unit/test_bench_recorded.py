@@ -120,6 +120,17 @@ def test_a_load_between_recorded_ones_is_served_at_the_next_lower_and_counted() 
     assert not rate.ok and "closed loops" in (rate.failure or "")
 
 
+def test_a_claimed_load_is_confirmed_only_by_a_recorded_load_at_or_above_it() -> None:
+    judge = Judge(SCENARIO, TRUTH)
+    # mns16: the repeats' mean P95 TTFT is 110 ms at c=16 and 307 ms at c=32 (limit 250 ms).
+    assert judge.holds(Knobs(16, 10), Load("concurrency", 16.0))
+    assert judge.holds(Knobs(16, 10), Load("concurrency", 12.0))  # c=16 holds, so c=12 does
+    assert not judge.holds(Knobs(16, 10), Load("concurrency", 31.0))  # only c=32 could confirm it, and it fails
+    assert not judge.holds(Knobs(16, 10), Load("concurrency", 32.0))
+    assert not judge.holds(Knobs(2, 10), Load("concurrency", 64.0))  # above the recording: never confirmed
+    assert TRUTH.confirming_load(Knobs(16, 10), Load("concurrency", 5.0)) == Load("concurrency", 8.0)
+
+
 @pytest.mark.parametrize("knobs", [Knobs(3, 10), Knobs(4, 90), Knobs(4, 10, 2048), Knobs(32, 10)])
 def test_an_unrecorded_setting_fails_to_start_and_says_why(knobs: Knobs) -> None:
     start = TRUTH.startup(SCENARIO, knobs)

@@ -23,7 +23,11 @@ budget) x closed-loop concurrency 1, 2, 4, 8, 16, 32 x 2 repeats, with the comma
   model (`tests/data/golden/vllm-0.32.0-cpu/recording.json`): the curve's recorder did not time its starts.
 
 The judge's capacity of a setting (`capacity_search`) is the highest recorded concurrency at which the SLO holds in
-the mean of the repeats; its noise band (`noise_band`) the spread of the repeats' request throughput there.
+the mean of the repeats; its noise band (`noise_band`) the spread of the repeats' request throughput there. The SLO
+re-check of a strategy's claimed load (`confirming_load`) reads the lowest recorded concurrency at or above the claim:
+a claim between recorded loads is confirmed only where the recording shows a higher load held, and a claim above the
+highest recorded load is never confirmed (the re-check counts both as violating, as it must not credit a load that
+was not recorded).
 """
 
 from __future__ import annotations
@@ -262,6 +266,15 @@ class RecordedTruth:
         running = float(min(served, knobs.max_num_seqs))
         metrics.update(max_concurrent_requests=running, mean_running_requests=running)
         return Reading(Load("concurrency", float(served)), metrics)
+
+    def confirming_load(self, knobs: Knobs, load: Load) -> Load | None:
+        """The recorded load that confirms a claim of `load` (the judge's SLO re-check): the lowest recorded concurrency
+        at or above it, since a closed loop that holds more streams holds fewer; None above the highest recorded, or
+        for an open loop: a claim the recording cannot confirm, which the re-check counts as not held."""
+        if load.kind != "concurrency" or knobs.max_num_seqs not in self.recording.max_num_seqs:
+            return None
+        above = [c for c in self.recording.concurrencies(knobs.max_num_seqs) if c >= load.value - 1e-9]
+        return Load("concurrency", float(min(above))) if above else None
 
     def capacity_search(
         self, measure: Callable[[Load], Reading], slo: Slo, kind: LoadKind, knobs: Knobs

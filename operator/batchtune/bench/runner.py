@@ -293,7 +293,7 @@ def _within_band(bands: Sequence[dict[str, Any]], chosen: str | None, best: str)
     if chosen is None or chosen not in by_setting or best not in by_setting:
         return None
     mine, top = by_setting[chosen], by_setting[best]
-    return mine["objective"] > 0 and mine["high"] >= top["low"]
+    return bool(mine["objective"] > 0 and mine["high"] >= top["low"])
 
 
 def _judge_choice(
