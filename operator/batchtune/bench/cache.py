@@ -31,8 +31,9 @@ STRATEGY_SIDE = frozenset({"calibration.py", "cli_calibrate.py", "cli_predict.py
 
 def fingerprint_sources() -> list[Path]:
     """Every source whose code decides a noise-free evaluation: the twin (less its strategy side), the truths
-    (`twin_truth.py`, `reality.py`), the judge itself (`evaluate.py`: the burst rule, the shared evaluations), its
-    capacity search (`loadsearch.py`) and where each search starts (`oracle.py`: the hints), the scenarios' derived figures (`scenarios.py`: windows, grids) and the value
+    (`twin_truth.py`, `reality.py`, `recorded.py`), the judge itself (`evaluate.py`: the burst rule, the shared
+    evaluations), its capacity search (`loadsearch.py`) and where each search starts (`oracle.py`: the hints), the
+    scenarios' derived figures (`scenarios.py`: windows, grids) and the value
     types (`types.py`: the SLO's test)."""
     import batchtune.bench as bench
     import batchtune.twin as twin
@@ -40,7 +41,7 @@ def fingerprint_sources() -> list[Path]:
     here = Path(bench.__file__).parent
     sources = [p for p in sorted(Path(twin.__file__).parent.glob("*.py")) if p.name not in STRATEGY_SIDE]
     return sources + [here / name for name in ("evaluate.py", "loadsearch.py", "oracle.py", "reality.py",
-                                               "scenarios.py", "twin_truth.py", "types.py")]
+                                               "recorded.py", "scenarios.py", "twin_truth.py", "types.py")]
 
 
 def _twin_fingerprint() -> str:
@@ -75,8 +76,9 @@ def truth_sources(truth: Any) -> list[Path]:
 
 def cache_key(judge: Judge) -> str:
     """The judge's window, the scenario (every field), the truth (its class, its every field and, where it has one,
-    its own description, a hidden reality's parameters) and the sources that compute an evaluation (the twin's and
-    the judge's, and a truth's own module where it is not among them: `truth_sources`)."""
+    its own description, a hidden reality's parameters; a recorded truth's `data_fingerprint`, its recording's content
+    hash) and the sources that compute an evaluation (the twin's and the judge's, and a truth's own module where it is
+    not among them: `truth_sources`)."""
     describe = getattr(judge.truth, "describe", None)
     truth = describe(judge.scenario) if describe is not None else ""
     kind = f"{type(judge.truth).__module__}.{type(judge.truth).__qualname__}"
@@ -84,6 +86,9 @@ def cache_key(judge: Judge) -> str:
     own = truth_sources(judge.truth)
     if own:
         text += f"|{_digest(own)}"
+    data = getattr(judge.truth, "data_fingerprint", None)
+    if data is not None:
+        text += f"|data:{data}"  # a recorded truth's recording: its content hash, whatever its description says
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

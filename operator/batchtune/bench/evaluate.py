@@ -113,7 +113,9 @@ class Judge:
                 failures.append(reading)
             return reading
 
-        found = exact_capacity(
+        # A truth with its own capacity search (the recorded engine: only recorded loads) uses it.
+        search = getattr(self.truth, "capacity_search", None)
+        found = search(measure, sc.slo, sc.load_kind, knobs) if search is not None else exact_capacity(
             measure, sc.slo, sc.load_kind, saturation_concurrency=knobs.max_num_seqs, hint=hint
         )
         if failures:
@@ -130,6 +132,13 @@ class Judge:
         """Does the setting meet every SLO at this load (noise-free unless noise and seed are given)?"""
         if not self.truth.startup(self.scenario, knobs).ok:
             return False
+        confirming = getattr(self.truth, "confirming_load", None)
+        if confirming is not None:
+            # A truth that holds only some loads (the recorded engine) confirms a claim at the lowest load it holds at or
+            # above it (a closed loop's latency grows with its concurrency); with none, the claim is not confirmed.
+            load = confirming(knobs, load)
+            if load is None:
+                return False
         reading = self.measure(knobs, load, seed=seed or 0, noise=noise)
         return reading.ok and self.scenario.slo.met_by(reading.metrics)
 

@@ -155,6 +155,40 @@ def policy_rows(result: BenchResult) -> list[list[str]]:
     ] for sc in result.scenarios]
 
 
+BAND_HEADERS = ["case", "setting", "capacity (recorded load)", "objective (mean of repeats)", "repeats' spread",
+                "band width"]
+RECORDED_HEADERS = ["case", "strategy", "chosen", "claimed load", "objective", "its repeats", "regret",
+                    "within the best's band", "trials", "load steps (at a lower recorded load)", "node-min"]
+
+
+def band_rows(result: BenchResult) -> list[list[str]]:
+    """The recorded engine (`bench.recorded`): each setting's capacity and its repeats' spread there."""
+    rows = []
+    for sc in result.scenarios:
+        for b in sc.noise_bands:
+            width = b["high"] - b["low"]
+            rel = f" ({100 * width / b['objective']:.0f}%)" if b["objective"] > 0 else ""
+            rows.append([sc.case, b["setting"], b["load"] or "none", f"{b['objective']:.3g}",
+                         f"{b['low']:.3g}-{b['high']:.3g}", f"{width:.3g}{rel}"])
+    return rows
+
+
+def recorded_rows(result: BenchResult) -> list[list[str]]:
+    """Each strategy's choice on the recorded engine against the recorded best's noise band."""
+    rows = []
+    for sc in result.scenarios:
+        if not sc.noise_bands:
+            continue
+        bands = {b["setting"]: b for b in sc.noise_bands}
+        for run in sc.runs:
+            band = bands.get(run.chosen or "")
+            within = "-" if run.within_noise_band is None else ("yes" if run.within_noise_band else "no")
+            rows.append([sc.case, run.strategy, run.chosen or "-", run.claimed_load or "-", f"{run.objective:.3g}",
+                         f"{band['low']:.3g}-{band['high']:.3g}" if band else "-", f"{100 * run.regret:.1f}%", within,
+                         str(run.trials), f"{run.load_steps} ({run.lower_load_steps})", f"{run.gpu_minutes:.1f}"])
+    return rows
+
+
 def print_tables(result: BenchResult) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -169,7 +203,11 @@ def print_tables(result: BenchResult) -> None:
         ("The default paired with each strategy, case by case", PAIRED_HEADERS, paired_rows(result)),
         ("What the selection policy itself gives up (the truth's values, the strategies' grid)", POLICY_HEADERS,
          policy_rows(result)),
+        ("The recorded engine: each setting's capacity and its repeats' spread", BAND_HEADERS, band_rows(result)),
+        ("The recorded engine: each choice against the best's noise band", RECORDED_HEADERS, recorded_rows(result)),
     ):
+        if not rows and headers in (BAND_HEADERS, RECORDED_HEADERS):
+            continue
         table = Table(title=title, title_justify="left")
         for header in headers:
             table.add_column(header, overflow="fold")
@@ -204,6 +242,14 @@ def markdown(result: BenchResult) -> str:
         "### Oracle", table(ORACLE_HEADERS, oracle_rows(result)),
         "### Per scenario", table(DETAIL_HEADERS, detail_rows(result)),
     ]
+    if any(sc.noise_bands for sc in result.scenarios):
+        parts += ["### The recorded engine: each setting's capacity and its repeats' spread",
+                  "Capacity: the highest recorded concurrency whose mean of the repeats meets the SLO; the spread: "
+                  "the repeats' request throughput there.", table(BAND_HEADERS, band_rows(result)),
+                  "### The recorded engine: each choice against the best's noise band",
+                  "Within the band: the choice's highest repeat reaches the best's lowest. Load steps in brackets: "
+                  "those served at the next lower recorded concurrency (billed as asked).",
+                  table(RECORDED_HEADERS, recorded_rows(result))]
     predicted = prediction_rows(result)
     if predicted:
         parts += ["### Predicted against measured (trials launched on a twin's prediction)",

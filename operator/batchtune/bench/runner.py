@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -56,6 +56,11 @@ class StrategyRun:
     """A full token-budget burst crashes the chosen setting on the truth (the runtime-OOM rule, `core.burst`)."""
     policy_regret: float = 0.0
     """Regret against the policy-consistent oracle (`bench.policy`): the selection policy applied to the truth."""
+    lower_load_steps: int = 0
+    """Load steps the truth served at another load than asked (the recorded engine: the next lower recorded one)."""
+    within_noise_band: bool | None = None
+    """A truth with recorded repeats: the choice's recorded objective band overlaps the best's (None elsewhere, or
+    when nothing was chosen)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ class ScenarioResult:
     """What the selection policy (SLO headroom, knee rule) picks from the strategies' grid on the true values."""
     policy_objective: float = 0.0
     """Its true objective at the scenario's own SLO."""
+    noise_bands: tuple[dict[str, Any], ...] = ()
+    """A truth with recorded repeats (`bench.recorded`): per setting of the strategies' grid its capacity load, its
+    objective (the repeats' mean) and the repeats' spread there (`low`, `high`); empty on the simulated truths."""
 
     @property
     def policy_gives_up(self) -> float:
@@ -127,7 +135,8 @@ class BenchResult:
     checks: tuple[str, ...] = field(default=())
     """Scenario design checks that failed (e.g. a gmu-below-max scenario whose oracle picks the max)."""
     truth: str = "nominal"
-    """`nominal` (the twin the strategies plan with) or `perturbed` (hidden realities, bench.reality)."""
+    """`nominal` (the twin the strategies plan with), `perturbed` (hidden realities, bench.reality) or `recorded` (real
+    vLLM on CPU, bench.recorded)."""
     truth_seeds: tuple[int, ...] = ()
     """The realities every scenario was judged on (empty on a truth without seeds)."""
     development_truth_seeds: tuple[int, ...] = DEVELOPMENT_TRUTH_SEEDS
@@ -240,6 +249,10 @@ def _run_scenario(
     runs = tuple(_judge_choice(judge, oracle, name, choice, testbed, seed, noise, pick.objective)
                  for name, choice, testbed in choices)
     best = oracle.best
+    bands = _noise_bands(judge, scenario)
+    if bands:
+        runs = tuple(replace(run, within_noise_band=_within_band(bands, run.chosen, best.knobs.label()))
+                     for run in runs)
     return ScenarioResult(
         scenario=scenario.name,
         summary=scenario.summary,
@@ -258,7 +271,33 @@ def _run_scenario(
         truth_seed=truth_seed,
         policy_setting=pick.knobs.label() if pick.knobs is not None else None,
         policy_objective=pick.objective,
+        noise_bands=bands,
     )
+
+
+def _noise_bands(judge: Judge, scenario: Scenario) -> tuple[dict[str, Any], ...]:
+    """Per setting of the strategies' grid, where the truth knows its repeats' spread (`noise_band`): its capacity
+    load, objective, and the repeats' lowest and highest objective there; empty on a truth without repeats."""
+    band = getattr(judge.truth, "noise_band", None)
+    if band is None:
+        return ()
+    out = []
+    for knobs in scenario.tuner_space.grid():
+        evaluation = judge.objective(knobs)
+        low, high = band(knobs, evaluation.load) if evaluation.load is not None else (0.0, 0.0)
+        out.append({"setting": knobs.label(), "load": evaluation.load.label() if evaluation.load else None,
+                    "objective": evaluation.objective, "low": low, "high": high})
+    return tuple(out)
+
+
+def _within_band(bands: Sequence[dict[str, Any]], chosen: str | None, best: str) -> bool | None:
+    """The chosen setting's band of recorded objectives overlaps the best's (its highest repeat reaches the best's
+    lowest); None when nothing was chosen or either is off the grid."""
+    by_setting = {b["setting"]: b for b in bands}
+    if chosen is None or chosen not in by_setting or best not in by_setting:
+        return None
+    mine, top = by_setting[chosen], by_setting[best]
+    return bool(mine["objective"] > 0 and mine["high"] >= top["low"])
 
 
 def _judge_choice(
@@ -269,6 +308,7 @@ def _judge_choice(
     make_run = partial(
         StrategyRun, strategy=name, trials=ledger.starts, failed_starts=ledger.failed_starts,
         load_steps=ledger.load_steps, gpu_minutes=ledger.gpu_minutes, note=choice.note,
+        lower_load_steps=ledger.lower_load_steps,
         predictions=tuple(dict(p) for p in choice.predictions),
     )
     if choice.knobs is None:
@@ -454,7 +494,8 @@ def load_result(data: dict[str, Any]) -> BenchResult:
     scenarios = []
     for sc in data["scenarios"]:
         runs = tuple(StrategyRun(**{**r, "predictions": tuple(r.get("predictions") or ())}) for r in sc["runs"])
-        scenarios.append(ScenarioResult(**{**sc, "tags": tuple(sc.get("tags") or ()), "runs": runs}))
+        scenarios.append(ScenarioResult(**{**sc, "tags": tuple(sc.get("tags") or ()), "runs": runs,
+                                           "noise_bands": tuple(sc.get("noise_bands") or ())}))
     return BenchResult(seed=data["seed"], noise=data["noise"], scenarios=tuple(scenarios),
                        summary=summarize(scenarios), seconds=data["seconds"], checks=tuple(data.get("checks") or ()),
                        truth=data.get("truth", "nominal"), truth_seeds=tuple(data.get("truth_seeds") or ()),

@@ -72,6 +72,9 @@ class Ledger:
     runtime_failures: int = 0
     gpu_seconds: float = 0.0
     wall_seconds: float = 0.0
+    lower_load_steps: int = 0
+    """Load steps the truth served at another load than asked (the recorded engine: the next lower recorded
+    concurrency), each billed as the step asked for."""
 
     @property
     def gpu_minutes(self) -> float:
@@ -149,6 +152,8 @@ class SimTestbed:
             warmup_s=self.cost.warmup_s if prompts is None and warmup else None,
         )
         self.ledger.load_steps += 1
+        if reading.load != load:
+            self.ledger.lower_load_steps += 1
         if prompts is None and warmup:  # billed as the operator runs each step: a load Job of its own
             self._charge(self.cost.job_start_s + self.cost.scrape_lag_s)
             self._charge(steady_warmup_seconds(reading, self.cost.warmup_s)

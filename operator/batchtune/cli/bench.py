@@ -8,7 +8,14 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from batchtune.bench.runner import BenchResult, ScenarioResult
+    from batchtune.bench.scenarios import Scenario
+    from batchtune.bench.strategies.base import TuningStrategy
+    from batchtune.bench.testbed import GroundTruth
+
+    StrategiesFn = Callable[[GroundTruth], Sequence[TuningStrategy]]
 
 REPORTING_SEEDS_HELP = "1-5"
 DEVELOPMENT_SEEDS_HELP = "0"
@@ -34,11 +41,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tuning.add_argument("--seed", type=int, default=0, help="seed of every noisy reading and strategy (default 0)")
     tuning.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
     tuning.add_argument("--noise", type=float, default=DEFAULT_NOISE, help=f"measurement noise (default {DEFAULT_NOISE})")
-    tuning.add_argument("--truth", choices=("perturbed", "far", "nominal"), default="perturbed",
+    tuning.add_argument("--truth", choices=("perturbed", "far", "nominal", "recorded"), default="perturbed",
                         help="what the strategies tune against: each scenario's hidden reality (default: the twin "
                              "with re-drawn parameters and 1-2 structures), a reality farther from the twin (far: "
-                             "another step-time parameterisation and 1-3 of 5 other structures), or the catalog's "
-                             "twin they plan with")
+                             "another step-time parameterisation and 1-3 of 5 other structures), the catalog's twin "
+                             "they plan with, or real vLLM on CPU as recorded (its own scenario; readings drawn from "
+                             "the recorded repeats; docs/benchmarks.md)")
+    tuning.add_argument("--recording", metavar="DIR", default=None,
+                        help="--truth recorded: the recording (recording.json and runs/*.json; default the "
+                             "repository's tests/data/real-vllm-curve)")
     tuning.add_argument("--truth-seeds", "--truth-seed", default=None, metavar="SEEDS",
                         help="the hidden realities every scenario is judged on, e.g. 1-5 or 1,3 (default "
                              f"{REPORTING_SEEDS_HELP}, held out; {DEVELOPMENT_SEEDS_HELP} is the development set the "
@@ -60,34 +71,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _tuning(args: argparse.Namespace) -> int:
-    from batchtune.bench.far_reality import FarTruth
-    from batchtune.bench.reality import PerturbedTruth
     from batchtune.bench.report import to_json
     from batchtune.bench.runner import run_bench
-    from batchtune.bench.scenarios import get_scenarios
-    from batchtune.bench.twin_truth import TwinTruth
-    from batchtune.terminal import safe
 
     if args.render:
-        from batchtune.bench.runner import load_result
-        from batchtune.files import InputFileError, expect, read_json
-
-        try:
-            loaded = load_result(expect(read_json(args.render), dict, args.render))
-        except InputFileError as exc:
-            print(f"error: --render {safe(exc)}", file=sys.stderr)
-            return 2
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a saved result of another shape
-            print(f"error: --render {safe(args.render)}: not a `batchtune bench --save` result "
-                  f"({type(exc).__name__}: {safe(exc)})", file=sys.stderr)
-            return 2
-        return _emit(loaded, args.output)
-    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-    try:
-        scenarios = get_scenarios(names or None, quick=args.quick)
-    except ValueError as exc:
-        print(f"error: --scenarios: {exc}", file=sys.stderr)
+        return _render(args)
+    picked = _pick(args)
+    if isinstance(picked, str):
+        print(f"error: {picked}", file=sys.stderr)
         return 2
+    scenarios, factory, strategies = picked
     if args.list:
         for s in scenarios:
             print(f"{s.name:32} {s.model} on {s.tensor_parallel_size}x {s.gpu}, {s.input_len}/{s.output_len} tokens, "
@@ -96,7 +89,7 @@ def _tuning(args: argparse.Namespace) -> int:
     from batchtune.bench.seeds import REPORTING_TRUTH_SEEDS, parse_truth_seeds
 
     try:
-        truth_seeds = (() if args.truth == "nominal" else
+        truth_seeds = (() if args.truth in ("nominal", "recorded") else
                        REPORTING_TRUTH_SEEDS if args.truth_seeds is None else parse_truth_seeds(args.truth_seeds))
     except ValueError as exc:
         print(f"error: --truth-seeds: {exc}", file=sys.stderr)
@@ -109,13 +102,62 @@ def _tuning(args: argparse.Namespace) -> int:
         if args.output == "table":
             print(f"Finished {result.case} in {result.seconds:.0f} s", file=sys.stderr)
 
-    factory = {"nominal": TwinTruth, "perturbed": PerturbedTruth, "far": FarTruth}[args.truth]
     result = run_bench(scenarios, factory, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
-                       use_cache=args.cache, progress=progress, truth_name=args.truth, truth_seeds=truth_seeds)
+                       use_cache=args.cache, progress=progress, truth_name=args.truth, truth_seeds=truth_seeds,
+                       strategies=strategies)
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             fh.write(to_json(result))
     return _emit(result, args.output)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from batchtune.bench.runner import load_result
+    from batchtune.files import InputFileError, expect, read_json
+    from batchtune.terminal import safe
+
+    try:
+        loaded = load_result(expect(read_json(args.render), dict, args.render))
+    except InputFileError as exc:
+        print(f"error: --render {safe(exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a saved result of another shape
+        print(f"error: --render {safe(args.render)}: not a `batchtune bench --save` result "
+              f"({type(exc).__name__}: {safe(exc)})", file=sys.stderr)
+        return 2
+    return _emit(loaded, args.output)
+
+
+def _pick(args: argparse.Namespace) -> tuple[list[Scenario], Callable[..., GroundTruth], StrategiesFn | None] | str:
+    """The scenarios, the truth's factory and the strategies to run (None: the default), or what is wrong."""
+    from batchtune.terminal import safe
+
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    if args.truth != "recorded":
+        if args.recording is not None:
+            return "--recording needs --truth recorded"
+        from batchtune.bench.reality import PerturbedTruth
+        from batchtune.bench.scenarios import get_scenarios
+        from batchtune.bench.twin_truth import TwinTruth
+
+        try:
+            scenarios = get_scenarios(names or None, quick=args.quick)
+        except ValueError as exc:
+            return f"--scenarios: {exc}"
+        from batchtune.bench.far_reality import FarTruth
+
+        return scenarios, {"nominal": TwinTruth, "perturbed": PerturbedTruth, "far": FarTruth}[args.truth], None
+    from functools import partial
+
+    from batchtune.bench.recorded import DEFAULT_RECORDING, RecordedTruth, get_recorded_scenarios, recorded_strategies
+
+    # The recording's own scenario(s): its settings and loads only, so nothing to quicken (--quick is moot).
+    directory = args.recording or str(DEFAULT_RECORDING)
+    try:
+        scenarios = get_recorded_scenarios(names or None, directory)
+    except (ValueError, OSError, KeyError) as exc:
+        return f"--truth recorded: {safe(exc)}"
+    return scenarios, partial(RecordedTruth, directory), recorded_strategies
 
 
 def _emit(result: BenchResult, output: str) -> int:
