@@ -160,6 +160,11 @@ class Operator:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the replica holds its place but does nothing until killed (or SIGCONT)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -224,9 +229,13 @@ class Traffic(threading.Thread):
     request, which also follows a rollout."""
 
     def __init__(self, kube: Any, namespace: str, selector: str, rate: float = 2.0, max_tokens: int = 16,
-                 concurrency: int = 1, deadline_s: float = 900, prompt_words: int = 200) -> None:
+                 concurrency: int = 1, deadline_s: float = 900, prompt_words: int = 200,
+                 ips_every_s: float = 0.0) -> None:
         super().__init__(daemon=True)
         self.kube, self.namespace, self.selector = kube, namespace, selector
+        self.ips_every_s = ips_every_s
+        """How often the pod IPs are listed again (0: before every request). A flood lists less often, so that its
+        rate does not fall to the API server's pace on a loaded machine."""
         self.rate, self.max_tokens, self.concurrency = rate, max_tokens, concurrency
         self.prompt_words = prompt_words
         """Words per prompt (the twin counts 1.3 tokens a word); set it while running to shift the traffic."""
@@ -250,8 +259,11 @@ class Traffic(threading.Thread):
 
     def run(self) -> None:
         workers: list[threading.Thread] = []
+        ips: list[str] = []
+        listed = float("-inf")
         while not self.stopped.is_set() and time.monotonic() < self.deadline:
-            ips = self._ips()
+            if not ips or time.monotonic() - listed >= self.ips_every_s:
+                ips, listed = self._ips(), time.monotonic()
             workers = [w for w in workers if w.is_alive()]
             if ips and len(workers) < self.concurrency:
                 w = threading.Thread(target=self._one, args=(ips[self.sent % len(ips)],), daemon=True)

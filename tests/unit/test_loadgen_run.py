@@ -86,6 +86,7 @@ def test_refuses_non_loopback_target_without_dialing(tmp_path):
     assert "--allow-non-loopback" in json.loads(term.read_text())["error"]
 
 
+@pytest.mark.wallclock
 def test_poisson_rate_and_duration_bound():
     rate, duration, scale = 10.0, 10.0, 4.0
 

@@ -40,6 +40,7 @@ def _runs(*loads: dict[str, Any]) -> list[dict[str, Any]]:
     return asyncio.run(asyncio.wait_for(go(), timeout=120))
 
 
+@pytest.mark.wallclock
 def test_a_load_that_settles_ends_its_warmup_early_and_keeps_its_window():
     fixed, steady = _runs({"concurrency": 4}, {"concurrency": 4, "steady_warmup": True})
     assert (fixed["warmup_steady"], fixed["warmup_ended"], fixed["warmup_elapsed_s"]) == (False, "time", WARMUP_S)
@@ -53,6 +54,7 @@ def test_a_load_that_settles_ends_its_warmup_early_and_keeps_its_window():
     assert '"warmup_ended":"steady"' in summary and '"warmup_elapsed_s":' in summary
 
 
+@pytest.mark.wallclock
 def test_a_load_above_capacity_keeps_growing_and_runs_the_whole_warmup():
     (result,) = _runs({"request_rate": 25.0, "steady_warmup": True})  # about 2.5 times what 8 sequences serve
     assert (result["warmup_ended"], result["warmup_elapsed_s"]) == ("time", WARMUP_S)

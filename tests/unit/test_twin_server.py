@@ -264,6 +264,7 @@ def test_runtime_oom_kills_the_process_like_the_kernel(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.wallclock
 def test_server_and_model_agree():
     """Loadgen against `twin serve` matches `predict` within 10% on throughput and median ITL."""
     from batchtune.twin.predict import Workload, predict
