@@ -60,6 +60,11 @@ the measured p95 to 36-46 ms at the same load (make test, lanes beside the real-
 capacities `predicted_best` gives are the same for 40 and 100 ms)."""
 
 
+LENIENT_SLO = {"percentile": "P95", "e2eLatencyMilliseconds": 60000, "maxErrorRatePercent": 1}
+"""For tests that assert something other than the SLO (an owner, no decision while Prometheus is down): a target no
+starved client misses (CI of 4 Dec read p95 ITL of 91-142 ms at the client under load, against the shared SLO's 90)."""
+
+
 def batchtuning(namespace: str, prometheus_url: str, name: str = "tune", target: str = "llm",
                 **overrides: Any) -> dict:
     spec: dict[str, Any] = {

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from operator_env import (
+    LENIENT_SLO,
     MODEL,
     PRODUCTION_ARGS,
     SLO,
@@ -209,9 +210,7 @@ def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prome
                             strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1},
                             objective={"type": "OutputThroughput"},
                             load={"inputTokens": 256, "outputTokens": 64, "concurrency": 8},
-                            # What is asserted is no decision while Prometheus is down, not the SLO: a target no
-                            # starved client misses (CI here, 4 Dec: p95 ITL 91.4 ms at the client against 90).
-                            slo={"percentile": "P95", "e2eLatencyMilliseconds": 60000, "maxErrorRatePercent": 1},
+                            slo=LENIENT_SLO,  # what is asserted is not the SLO
                             report={"curveLoad": {"concurrency": 8}}, apply={"mode": "Recommend"}))
     prom_pid = next(p.pid for p in cluster.processes if p.name == "prometheus")
 

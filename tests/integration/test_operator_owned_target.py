@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from operator_env import batchtuning, condition, grant_operator_rbac, production, running_operator, wait_phase
+from operator_env import (
+    LENIENT_SLO,
+    batchtuning,
+    condition,
+    grant_operator_rbac,
+    production,
+    running_operator,
+    wait_phase,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,9 +62,7 @@ def test_a_deployment_a_custom_resource_controls_ends_recommended_naming_its_own
         namespace, prometheus_url, searchSpace={"maxNumSeqs": {"values": [16]}, "gpuMemoryUtilizationPercent": [95]},
         strategy={"type": "Grid", "maxTrials": 1, "maxParallelTrials": 1}, objective={"type": "OutputThroughput"},
         load={"inputTokens": 256, "outputTokens": 64, "concurrency": 4}, report={"curveLoad": {"concurrency": 4}},
-        # What is asserted is the owner, not the SLO: a target no starved machine misses (the fresh-machine run of
-        # 4 Dec read a p95 ITL of 142 ms at the client, load average 10-14 on 2 cores), and a window of 30-odd requests.
-        slo={"percentile": "P95", "e2eLatencyMilliseconds": 60000, "maxErrorRatePercent": 1},
+        slo=LENIENT_SLO,  # what is asserted is not the SLO; measure 15 s: a window of 30-odd requests
         trial={"warmupSeconds": 3, "measureSeconds": 15, "readinessTimeoutSeconds": 90},
         apply={"mode": "Auto", "verifySeconds": 15, "cooldownSeconds": 0}))
     bt = wait_phase(kube, namespace, "tune", {"Recommended", "Succeeded", "Failed", "RolledBack"}, 180, operator)
