@@ -119,6 +119,8 @@ def test_noisy_readings_depend_on_the_seed_only() -> None:
     assert reading(7) != reading(8)
 
 
+# Two whole scenario runs of every strategy: 16 s alone, 79 s beside the cold Go build (fresh-machine CI, 7 Dec).
+@pytest.mark.timeout(600)
 def test_a_scenario_run_is_deterministic_for_a_seed() -> None:
     first = run_scenario(SMALL, SyntheticTruth(), seed=11, noise=0.03)
     again = run_scenario(SMALL, SyntheticTruth(), seed=11, noise=0.03)
