@@ -47,6 +47,13 @@ def waiting_for_a_window(w: World) -> Outcome:
     raise AssertionError(f"no tick waited for a window; phase {w.phase}")
 
 
+def body_of(w: World) -> kopf.Body:
+    """The BatchTuning as kopf hands it to the timer."""
+    return kopf.Body({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
+                      "metadata": {"name": w.name, "namespace": NS, "uid": w.uid, "generation": w.generation},
+                      "spec": w.bt_spec, "status": w.status})
+
+
 def running_trial(w: World) -> dict:
     return next(t for t in w.status["trials"] if t["state"] not in ("Done", "Failed", "Infeasible"))
 
@@ -105,9 +112,7 @@ def test_the_timer_writes_the_verdict_when_the_window_completes_not_a_tick_later
     monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(install))
     monkeypatch.setattr(handlers, "TICK_SECONDS", 5.0)
     trial_index = running_trial(w)["index"]
-    body = kopf.Body({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
-                      "metadata": {"name": w.name, "namespace": NS, "uid": w.uid, "generation": w.generation},
-                      "spec": w.bt_spec, "status": w.status})
+    body = body_of(w)
     patch = kopf.Patch()
     started = time.monotonic()
     assert datetime.now(UTC) < complete  # the first reconcile of the run finds the window incomplete
@@ -123,10 +128,46 @@ def test_a_wake_beyond_the_next_timer_run_is_left_to_the_timer(monkeypatch):
     w = world(apply={"mode": "Recommend"})
     waiting_for_a_window(w)
     monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(FAR_LAG))  # complete in ~600 s
-    body = kopf.Body({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
-                      "metadata": {"name": w.name, "namespace": NS, "uid": w.uid, "generation": w.generation},
-                      "spec": w.bt_spec, "status": w.status})
+    body = body_of(w)
     patch = kopf.Patch()
     started = time.monotonic()
     asyncio.run(handlers.tick(body=body, patch=patch, logger=LOG))
     assert time.monotonic() - started < 1.0 and not patch  # returned at once, nothing written
+
+
+def test_a_woken_reconcile_does_not_queue_behind_the_other_tunings_ticks(monkeypatch):
+    """kopf's pool busy with other BatchTunings' ticks (here: its one thread held for 4 s) does not hold the verdict."""
+    import concurrent.futures
+    import threading
+
+    w = world(apply={"mode": "Recommend"}, strategy={"type": "Grid", "maxTrials": 1},
+              searchSpace={"maxNumSeqs": {"values": [8]}})
+    outcome = waiting_for_the_last_window(w)
+    assert outcome.wake_at is not None
+    complete = datetime.now(UTC) + timedelta(seconds=1.0)
+    install = replace(FAR_LAG, scrape_lag_seconds=(complete - (outcome.wake_at - timedelta(seconds=600))).total_seconds())
+    monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(install))
+    monkeypatch.setattr(handlers, "TICK_SECONDS", 10.0)
+    busy = concurrent.futures.ThreadPoolExecutor(1)
+    monkeypatch.setattr(handlers, "WORKERS", busy)
+    release = threading.Event()
+    trial_index = running_trial(w)["index"]
+    body = body_of(w)
+    patch = kopf.Patch()
+
+    async def run() -> float:
+        started = time.monotonic()
+        timer = asyncio.create_task(handlers.tick(body=body, patch=patch, logger=LOG))
+        await asyncio.sleep(0.5)  # its first reconcile ran in kopf's pool and found the window incomplete
+        assert not timer.done()
+        busy.submit(release.wait, 4.0)  # then every thread of kopf's pool is taken by another tuning's tick
+        await timer
+        return time.monotonic() - started
+
+    try:
+        elapsed = asyncio.run(run())
+    finally:
+        release.set()
+        busy.shutdown()
+    assert {t["index"]: t for t in patch["status"]["trials"]}[trial_index]["state"] == "Done"
+    assert elapsed < 3.0  # at the wake (1 s), not once kopf's pool is free again (4.5 s)

@@ -286,7 +286,7 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
                 return
         else:
             await asyncio.sleep(delay)
-        outcome = await in_worker(tick_once, body, logger, kwargs)
+        outcome = await in_worker(tick_once, body, logger, kwargs, pool=WAKE_WORKERS)
     for key, value in (outcome.patch if outcome else {}).items():
         patch.status[key] = value
 
@@ -311,14 +311,20 @@ def tick_once(body: kopf.Body, logger: kopf.Logger, kwargs: dict[str, Any]) -> O
 
 
 WORKERS: concurrent.futures.Executor | None = None
-"""kopf's own pool for synchronous handlers (`configure`), so the reconciles share its bound of threads."""
+"""kopf's own pool for synchronous handlers (`configure`), so the timers' reconciles share its bound of threads."""
+WAKE_WORKERS = concurrent.futures.ThreadPoolExecutor(int(os.environ.get("BATCHTUNE_WAKE_WORKERS", "2")),
+                                                     thread_name_prefix="batchtune-wake")
+"""The woken reconciles' own few threads (made on first use): a verdict whose data just became complete does not
+queue behind the routine ticks of every other BatchTuning in `WORKERS`. One tuning's runs stay one at a time: a wake
+is inside its timer run."""
 
 
-async def in_worker(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` in a worker thread as kopf runs a synchronous handler: in its pool, with the handler's context
-    (`kopf.event` needs it), and not abandoned when the run is cancelled (the thread finishes first)."""
+async def in_worker(fn: Callable[..., T], *args: Any, pool: concurrent.futures.Executor | None = None) -> T:
+    """`fn(*args)` in a worker thread as kopf runs a synchronous handler: in `pool` (kopf's, `WORKERS`, unless
+    given), with the handler's context (`kopf.event` needs it), and not abandoned when the run is cancelled (the thread
+    finishes first)."""
     context = contextvars.copy_context()
-    future = asyncio.get_running_loop().run_in_executor(WORKERS, functools.partial(context.run, fn, *args))
+    future = asyncio.get_running_loop().run_in_executor(pool or WORKERS, functools.partial(context.run, fn, *args))
     cancelled: asyncio.CancelledError | None = None
     while not future.done():
         try:
