@@ -289,16 +289,21 @@ class PrometheusReader:
 
     def scalar(self, promql_text: str, at: float | None = None) -> float | None:
         """One number from an instant query: None when empty, NaN, or not exactly one series."""
-        values = []
-        for sample in self._result(promql_text, at):
-            value = _value(sample)
-            if value is not None:
-                values.append(value)
-        if len(values) > 1:
-            log.warning("Query returned %d series where one was expected; the figure is unknown: %s",
-                        len(values), promql_text)
-            return None
-        return values[0] if values else None
+        return _one([v for v in map(_value, self._result(promql_text, at)) if v is not None], promql_text)
+
+    def labelled(self, queries: Mapping[str, str], at: float | None = None) \
+            -> dict[str, list[tuple[Mapping[str, str], float]]]:
+        """`vector` of each query, a few queries a request (`promql.unions`): each key's series (NaN left out), with
+        the labels its query gave them."""
+        out: dict[str, list[tuple[Mapping[str, str], float]]] = {key: [] for key in queries}
+        for text in promql.unions(queries):
+            for sample in self._result(text, at):
+                value, metric = _value(sample), sample.get("metric")
+                labels = dict(metric) if isinstance(metric, dict) else {}
+                key = labels.pop(promql.FIGURE_LABEL, None)
+                if value is not None and key in out:
+                    out[key].append((labels, value))
+        return out
 
     def vector(self, promql_text: str, at: float | None = None) -> list[tuple[Mapping[str, str], float]]:
         out: list[tuple[Mapping[str, str], float]] = []
@@ -316,19 +321,13 @@ class PrometheusReader:
 
     def trial_run(self, namespace: str, pod: str, model: str | None, window: Window) -> dict[str, float | None]:
         """One load run's engine and GPU figures over its measurement window."""
-        at = window.end.timestamp()
         queries = promql.trial_queries(self.ctx, namespace, pod, model, window.seconds)
-        values = {name: self.scalar(q, at) for name, q in queries.items()}
-        values[M.KV_POOL_TOKENS] = self.kv_pool(namespace, pod, at)
+        # 3 requests for the window's 26 queries: on a starved machine each round trip waited for a CPU, twice.
+        series = self.labelled({**queries, M.KV_POOL_TOKENS: promql.kv_pool_query(self.ctx, namespace, pod)},
+                               window.end.timestamp())
+        values = {name: _one([value for _, value in series[name]], text) for name, text in queries.items()}
+        values[M.KV_POOL_TOKENS] = _kv_pool(series[M.KV_POOL_TOKENS])
         return values
-
-    def kv_pool(self, namespace: str, pod: str, at: float | None = None) -> float | None:
-        for labels, _ in self.vector(promql.kv_pool_query(self.ctx, namespace, pod), at):
-            try:
-                return float(labels["num_gpu_blocks"]) * float(labels["block_size"])
-            except (KeyError, ValueError):
-                continue
-        return None
 
     def production_window(self, production: Production, start: datetime, end: datetime) -> dict[str, float | None]:
         """Production's SLO figures, error rate, served share of the offered load and request count."""
@@ -488,6 +487,25 @@ class PrometheusReader:
                         f"the global scrape_interval ({where} has no series yet to name its job)")
                 return ScrapeInterval(seconds, f"Prometheus' configuration: {what}")
         return None
+
+
+def _one(values: list[float], promql_text: str) -> float | None:
+    """The figure of a query's non-NaN values: None when there is none, or more than one (the query asked for one)."""
+    if len(values) > 1:
+        log.warning("Query returned %d series where one was expected; the figure is unknown: %s",
+                    len(values), promql_text)
+        return None
+    return values[0] if values else None
+
+
+def _kv_pool(series: list[tuple[Mapping[str, str], float]]) -> float | None:
+    """The KV pool in tokens from the cache configuration info series' labels (the first that has both)."""
+    for labels, _ in series:
+        try:
+            return float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 def _value(sample: Mapping[str, Any]) -> float | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -98,7 +99,7 @@ def test_each_timer_run_is_timed(monkeypatch):
                       "spec": {"targetRef": {}}, "status": {}})
     patch = kopf.Patch()
     indexes = {"owned_deployments": {}, "owned_jobs": {}, "batchtune_pods": {}}
-    handlers.tick(body=body, patch=patch, logger=logging.getLogger("test"), **indexes)
+    asyncio.run(handlers.tick(body=body, patch=patch, logger=logging.getLogger("test"), **indexes))
     assert patch["status"]["phase"] == "Failed" and events == ["InvalidSpec"]  # decided in one tick
     assert value("batchtune_reconcile_seconds_count") - before == 1
     assert value("batchtune_reconcile_seconds_bucket", le="+Inf") >= 1

@@ -254,3 +254,62 @@ def test_production_workload_with_several_rate_series_is_no_series(prometheus):
 
 def test_production_workload_without_pods_is_none(prometheus):
     assert reader(prometheus).production_workload(Production("ns", ()), 3600, 60) is None
+
+
+def test_a_trial_run_reads_its_26_figures_in_a_few_requests_each_figure_by_its_label(prometheus):
+    """The window's queries go as `promql.unions` (on a starved machine each round trip waited for a CPU); each
+    figure reads back what its query alone would give: one series, none, two (unknown), NaN (unknown)."""
+    import re
+
+    FakePrometheus.queries = []
+
+    def route(query: str) -> dict:
+        result = []
+        for key in re.findall(r'"batchtune_figure", "(\w+)", "", ""\)', query):
+            labels = {"batchtune_figure": key}
+            if key == M.TTFT_MS:
+                result.append({"metric": labels, "value": [1.0, "123.5"]})
+            elif key == M.ITL_MS:  # two series where one was asked
+                result += [{"metric": {**labels, "pod": p}, "value": [1.0, "7"]} for p in ("a", "b")]
+            elif key == M.GPUS:
+                result.append({"metric": labels, "value": [1.0, "NaN"]})
+            elif key == M.OUTPUT_THROUGHPUT:
+                result.append({"metric": labels, "value": [1.0, "880"]})
+            elif key == M.KV_POOL_TOKENS:
+                result.append({"metric": {**labels, "num_gpu_blocks": "100", "block_size": "16"}, "value": [1.0, "1"]})
+        return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+    server = _routed_server(route)
+    now = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    try:
+        values = reader(f"http://127.0.0.1:{server.server_address[1]}").trial_run(
+            "ns", "pod", "m", Window(now - timedelta(seconds=60), now))
+    finally:
+        server.shutdown()
+    from batchtune.core.promql import UNION_CHARS
+
+    assert 1 < len(FakePrometheus.queries) <= 3 and all(len(q) <= UNION_CHARS for q in FakePrometheus.queries)
+    assert values[M.TTFT_MS] == 123.5 and values[M.OUTPUT_THROUGHPUT] == 880.0
+    assert values[M.ITL_MS] is None and values[M.GPUS] is None and values[M.E2E_MS] is None
+    assert values[M.KV_POOL_TOKENS] == 1600.0
+    assert set(values) == {*promql_keys(), M.KV_POOL_TOKENS}
+
+
+def promql_keys() -> set[str]:
+    from batchtune.core.promql import trial_queries
+
+    ctx = QueryContext(MetricNames.build(VLLM.metrics), LabelNames(), LabelNames(model=None), 95)
+    return set(trial_queries(ctx, "ns", "pod", "m", 60))
+
+
+def test_unions_keep_every_query_whole_within_the_limit_and_refuse_a_key_that_is_no_label_value():
+    from batchtune.core.promql import unions
+
+    queries = {f"q{i}": f"sum(rate(metric_{i}_total[60s]))" for i in range(40)}
+    joined = unions(queries, limit=300)
+    assert len(joined) > 1 and all(len(text) <= 300 for text in joined)
+    for key, query in queries.items():
+        assert sum(f'label_replace({query}, "batchtune_figure", "{key}", "", "")' in text for text in joined) == 1
+    assert unions({"long": "x" * 500}, limit=300) == ['label_replace(' + "x" * 500 + ', "batchtune_figure", "long", "", "")']
+    with pytest.raises(ValueError, match="'p95\"'"):
+        unions({'p95"': "up"})

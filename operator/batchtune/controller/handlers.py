@@ -6,12 +6,17 @@ timer's interval and the set of watched resources when the decorators run).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
@@ -22,7 +27,7 @@ from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Install, Ports
-from batchtune.controller.reconcile import on_delete, reconcile
+from batchtune.controller.reconcile import Outcome, on_delete, reconcile_outcome
 from batchtune.controller.reports import ReportQueue
 from batchtune.controller.tick import Tuning
 from batchtune.core.gpus import is_accelerator, pod_gpus
@@ -41,6 +46,7 @@ from batchtune.core.vocabulary import Phase, TrialState
 from batchtune.engines import ENGINES
 from batchtune.prometheus import PrometheusReader
 
+T = TypeVar("T")
 TICK_SECONDS = float(os.environ.get("BATCHTUNE_TICK_SECONDS", "2"))
 # Nodes and every namespace's GPU pods are watched only by a cluster-wide install (a namespaced one
 # cannot list them; then GPU accounting is left to the scheduler).
@@ -123,6 +129,8 @@ def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) ->
     settings.networking.request_timeout = 30
     # Reconcile steps call blocking clients; enough threads for many BatchTunings at once.
     settings.execution.max_workers = int(os.environ.get("BATCHTUNE_WORKERS", "16"))
+    global WORKERS
+    WORKERS = settings.execution.executor
     kube.load_config()
     logger.info("Configured the operator (tick %.1fs, %s)", TICK_SECONDS,
                 "cluster-wide" if CLUSTERWIDE else "namespaced")
@@ -246,8 +254,45 @@ def export_decision(body: kopf.Body) -> None:
 
 
 
+WAKES_PER_RUN = 4
+"""How many times one timer run may wake for a step that became possible (a bound: each wake is a full reconcile)."""
+
+
+def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) -> float | None:
+    """Seconds to wait for `wake_at` when it comes sooner than `horizon_seconds` from `now` (the timer's own next run);
+    None when there is nothing to wake for or the timer comes first."""
+    if wake_at is None:
+        return None
+    delay = (wake_at - now).total_seconds()
+    return max(0.0, delay) if delay < horizon_seconds else None
+
+
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
-def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
+async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped: Any = None, **kwargs: Any) -> None:
+    """The timer: one reconcile in a worker thread; when it changed nothing but waits for a step that becomes possible
+    before the timer's next run (a load run's window complete in Prometheus), it waits for that moment here, holding
+    no worker, and reconciles again: the verdict is written when its data is complete, not up to a tick later.
+    kopf counts the interval from the end of a run, so a run never waits longer than the tick it saves."""
+    outcome = await in_worker(tick_once, body, logger, kwargs)
+    for _ in range(WAKES_PER_RUN):
+        if outcome is None or outcome.patch:
+            break
+        delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
+        if delay is None:
+            break
+        if stopped is not None:
+            await stopped.wait(delay)
+            if stopped:
+                return
+        else:
+            await asyncio.sleep(delay)
+        outcome = await in_worker(tick_once, body, logger, kwargs, pool=WAKE_WORKERS)
+    for key, value in (outcome.patch if outcome else {}).items():
+        patch.status[key] = value
+
+
+def tick_once(body: kopf.Body, logger: kopf.Logger, kwargs: dict[str, Any]) -> Outcome | None:
+    """One reconcile of the BatchTuning as last seen (kopf keeps a timer's body fresh); None: nothing to do."""
     status = body.get("status") or {}
     export_decision(body)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
@@ -257,14 +302,38 @@ def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any)
     if terminal and not retune.watch_due(body.get("spec") or {}, status, now) \
             and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).deployments \
             and not the_ports.cluster.owned(body["metadata"]["namespace"], body["metadata"]["uid"]).jobs:
-        return  # nothing left to do, to clean up or to watch yet
+        return None  # nothing left to do, to clean up or to watch yet
     started = time.perf_counter()
     try:
-        changes = reconcile(tuning(body), the_ports, now, logger)
-        for key, value in changes.items():
-            patch.status[key] = value
+        return reconcile_outcome(tuning(body), the_ports, now, logger)
     finally:
         telemetry.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+
+WORKERS: concurrent.futures.Executor | None = None
+"""kopf's own pool for synchronous handlers (`configure`), so the timers' reconciles share its bound of threads."""
+WAKE_WORKERS = concurrent.futures.ThreadPoolExecutor(int(os.environ.get("BATCHTUNE_WAKE_WORKERS", "2")),
+                                                     thread_name_prefix="batchtune-wake")
+"""The woken reconciles' own few threads (made on first use): a verdict whose data just became complete does not
+queue behind the routine ticks of every other BatchTuning in `WORKERS`. One tuning's runs stay one at a time: a wake
+is inside its timer run."""
+
+
+async def in_worker(fn: Callable[..., T], *args: Any, pool: concurrent.futures.Executor | None = None) -> T:
+    """`fn(*args)` in a worker thread as kopf runs a synchronous handler: in `pool` (kopf's, `WORKERS`, unless
+    given), with the handler's context (`kopf.event` needs it), and not abandoned when the run is cancelled (the thread
+    finishes first)."""
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(pool or WORKERS, functools.partial(context.run, fn, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    return future.result()
 
 
 @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")

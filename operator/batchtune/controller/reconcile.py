@@ -12,6 +12,7 @@ terminal phase), so a trial's objects outlive its outcome's status write, never 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,8 +34,22 @@ STEPS = {
 }
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one tick decided: the status patch to write, and when to run again sooner than the timer would."""
+
+    patch: dict[str, Any]
+    wake_at: datetime | None = None
+    """The earliest moment a step this tick waited for becomes possible (`Tick.wake`); None: the timer's next run."""
+
+
 def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> dict[str, Any]:
     """One tick: the status patch that records the step taken (empty when nothing changed)."""
+    return reconcile_outcome(tuning, ports, now, log).patch
+
+
+def reconcile_outcome(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> Outcome:
+    """One tick: its status patch and its wake-up (`Outcome`)."""
     tick = Tick(tuning, ports, now, log)
     # An unreadable status is overwritten whole: every key the fresh one lacks is deleted.
     before = dict(tuning.status or {}) if tick.status_problem else status_io.wire(tick.status)
@@ -44,7 +59,7 @@ def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> dict[str
         step(tick)
     finally:
         collect_garbage(tick)
-    return status_io.patch(before, tick.status)
+    return Outcome(status_io.patch(before, tick.status), tick.wake_at)
 
 
 def step(tick: Tick) -> None:

@@ -91,9 +91,16 @@ class Tick:
 
     status_problem: str | None = field(init=False, default=None)
     """Why the status as read could not be used (each field and value); then the tick started from a fresh one."""
+    wake_at: datetime | None = field(init=False, default=None)
+    """The earliest moment a step this tick waited for becomes possible (a finished load run's window complete in
+    Prometheus): the timer runs the tuning again then rather than a whole tick later (`handlers.tick`)."""
 
     def __post_init__(self) -> None:
         self.status, self.status_problem = status_io.read(self.tuning.status)
+
+    def wake(self, at: datetime) -> None:
+        """Ask to be run again at `at` (the earliest of every such ask in this tick counts)."""
+        self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
 
     # ---- the spec ------------------------------------------------------------------------------
 

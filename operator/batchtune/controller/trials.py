@@ -360,7 +360,9 @@ def read_run(tick: Tick, target: Target, trial: TrialRecord, current: LoadStepRe
     if short:
         give_up(tick, trial, current, Reason.MEASUREMENT_WINDOW_TOO_SHORT, short)
         return None
-    if window.end + timedelta(seconds=install.scrape_lag_seconds) > tick.now:
+    complete = window.end + timedelta(seconds=install.scrape_lag_seconds)
+    if complete > tick.now:
+        tick.wake(complete)  # the verdict is taken when the window is complete, not on the timer's next run
         return None  # Prometheus needs a scrape or two after the run before its window is complete
     try:
         values = tick.reader(target.engine).trial_run(tick.tuning.namespace, str(pod["metadata"]["name"]),

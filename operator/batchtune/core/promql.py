@@ -143,6 +143,35 @@ def _window(seconds: int) -> str:
     return f"[{int(seconds)}s]"
 
 
+FIGURE_LABEL = "batchtune_figure"
+"""The label `union` puts on each query's series: the key the query was asked under."""
+_FIGURE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+UNION_CHARS = 3000
+"""The most characters one `union` query takes (a single longer query goes alone): URL-encoded in a GET it stays
+under 4 KB, well within the 8 KB request line that proxies in front of Prometheus commonly allow."""
+
+
+def unions(queries: Mapping[str, str], limit: int = UNION_CHARS) -> list[str]:
+    """Several instant queries as few: each query's series get `batchtune_figure="<key>"` (`label_replace`), and the
+    labelled vectors are joined by `or` up to `limit` characters a query; no two of them can share a label set, so
+    `or` keeps every series of each, and each key reads back exactly what its query alone would give. A trial run's
+    26 queries go in 3 requests instead of 26."""
+    parts = []
+    for key, query in queries.items():
+        if not _FIGURE_KEY.fullmatch(key):
+            raise ValueError(f"query key {key!r} cannot be a label value here (letters, digits and _ only)")
+        parts.append(f'label_replace({query}, "{FIGURE_LABEL}", "{key}", "", "")')
+    out: list[str] = []
+    for part in parts:
+        if out and len(out[-1]) + len(" or ") + len(part) <= limit:
+            out[-1] += " or " + part
+        else:
+            out.append(part)
+    return out
+
+
 def _or(queries: list[str]) -> str:
     return queries[0] if len(queries) == 1 else " or ".join(f"({q})" for q in queries)
 

@@ -1,0 +1,173 @@
+"""The verdict wake: a tick that finds a finished load run whose window Prometheus does not hold yet says when it will
+(`Outcome.wake_at`), and the timer (`handlers.tick`) reconciles again at that moment instead of a whole tick later.
+
+Without it the verdict waited for the timer's next run: kopf counts a timer's interval from the end of a run, so the
+wait after the window was complete was up to one tick plus a reconcile (docs/benchmarks.md, "Operator scale").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import kopf
+import pytest
+from fake_world import LOCAL_PROMETHEUS, NS, World, reset_backoff, world
+
+from batchtune.controller import handlers
+from batchtune.controller.ports import Install
+from batchtune.controller.reconcile import Outcome, reconcile_outcome
+
+LOG = logging.getLogger("test")
+FAR_LAG = Install(operator_image="batchtune:test", prometheus_urls=LOCAL_PROMETHEUS, scrape_lag_seconds=600)
+"""A scrape lag no step of the set-up outlives: every finished run's window stays incomplete while the test steps."""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backoff():
+    reset_backoff()
+    yield
+    reset_backoff()
+
+
+def waiting_for_a_window(w: World) -> Outcome:
+    """Step the world on the real clock (no time passes for it) until a tick waits for a finished run's window."""
+    w.now = datetime.now(UTC)
+    for _ in range(60):
+        outcome = reconcile_outcome(w.tuning(), w.ports(FAR_LAG), w.now, LOG)
+        w.apply(outcome.patch)
+        if outcome.wake_at is not None:
+            return outcome
+        w.settle()
+    raise AssertionError(f"no tick waited for a window; phase {w.phase}")
+
+
+def body_of(w: World) -> kopf.Body:
+    """The BatchTuning as kopf hands it to the timer."""
+    return kopf.Body({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
+                      "metadata": {"name": w.name, "namespace": NS, "uid": w.uid, "generation": w.generation},
+                      "spec": w.bt_spec, "status": w.status})
+
+
+def running_trial(w: World) -> dict:
+    return next(t for t in w.status["trials"] if t["state"] not in ("Done", "Failed", "Infeasible"))
+
+
+def waiting_for_the_last_window(w: World) -> Outcome:
+    """As `waiting_for_a_window`, for the run whose reading concludes the trial (its verdict); earlier runs are read
+    at their wake-up as the timer would."""
+    for _ in range(10):
+        outcome = waiting_for_a_window(w)
+        assert outcome.wake_at is not None
+        ahead = copy.deepcopy(w)
+        index = running_trial(ahead)["index"]
+        ahead.apply(reconcile_outcome(ahead.tuning(), ahead.ports(FAR_LAG), outcome.wake_at, LOG).patch)
+        if next(t for t in ahead.status["trials"] if t["index"] == index)["state"] == "Done":
+            return outcome
+        w.apply(reconcile_outcome(w.tuning(), w.ports(FAR_LAG), outcome.wake_at, LOG).patch)
+        w.settle()
+    raise AssertionError("no run concluded the trial")
+
+
+def test_a_tick_that_waits_for_a_window_says_when_it_is_complete():
+    w = world(apply={"mode": "Recommend"})
+    outcome = waiting_for_a_window(w)
+    assert outcome.patch == {}  # nothing else changed: it only waits
+    trial = running_trial(w)
+    step = next(s for s in trial["steps"] if "verdict" not in s or s["verdict"] is None)
+    job = w.jobs[step["job"]]
+    message = w.pods[f"{job['metadata']['name']}-pod"]["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
+    window_end = datetime.fromtimestamp(json.loads(message)["measure_end"], UTC)
+    assert outcome.wake_at == window_end + timedelta(seconds=600)
+    # A moment before it the run is still not read; at it, it is.
+    before = reconcile_outcome(w.tuning(), w.ports(FAR_LAG), outcome.wake_at - timedelta(milliseconds=1), LOG)
+    assert "trials" not in before.patch and before.wake_at == outcome.wake_at
+    queries = w.queries
+    at = reconcile_outcome(w.tuning(), w.ports(FAR_LAG), outcome.wake_at, LOG)
+    assert w.queries > queries and at.patch.get("trials") != w.status["trials"]
+
+
+def test_wake_delay_only_when_the_wake_comes_before_the_timer():
+    now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    assert handlers.wake_delay(None, now, 2.0) is None
+    assert handlers.wake_delay(now + timedelta(seconds=0.5), now, 2.0) == 0.5
+    assert handlers.wake_delay(now - timedelta(seconds=3), now, 2.0) == 0.0  # already due: at once
+    assert handlers.wake_delay(now + timedelta(seconds=2), now, 2.0) is None  # the timer comes as soon
+    assert handlers.wake_delay(now + timedelta(seconds=30), now, 2.0) is None
+
+
+def test_the_timer_writes_the_verdict_when_the_window_completes_not_a_tick_later(monkeypatch):
+    w = world(apply={"mode": "Recommend"}, strategy={"type": "Grid", "maxTrials": 1},
+              searchSpace={"maxNumSeqs": {"values": [8]}})
+    outcome = waiting_for_the_last_window(w)
+    window_end = outcome.wake_at - timedelta(seconds=600)
+    # The same world, with the scrape lag chosen so the window completes 1.5 s from now on the real clock.
+    complete = datetime.now(UTC) + timedelta(seconds=1.5)
+    install = replace(FAR_LAG, scrape_lag_seconds=(complete - window_end).total_seconds())
+    monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(install))
+    monkeypatch.setattr(handlers, "TICK_SECONDS", 5.0)
+    trial_index = running_trial(w)["index"]
+    body = body_of(w)
+    patch = kopf.Patch()
+    started = time.monotonic()
+    assert datetime.now(UTC) < complete  # the first reconcile of the run finds the window incomplete
+    asyncio.run(handlers.tick(body=body, patch=patch, logger=LOG))
+    elapsed = time.monotonic() - started
+    assert datetime.now(UTC) >= complete
+    verdicts = {t["index"]: t for t in patch["status"]["trials"]}
+    assert verdicts[trial_index]["state"] == "Done" and verdicts[trial_index]["finishedAt"]
+    assert elapsed < 5.0  # within the run, before the timer's next run would have come
+
+
+def test_a_wake_beyond_the_next_timer_run_is_left_to_the_timer(monkeypatch):
+    w = world(apply={"mode": "Recommend"})
+    waiting_for_a_window(w)
+    monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(FAR_LAG))  # complete in ~600 s
+    body = body_of(w)
+    patch = kopf.Patch()
+    started = time.monotonic()
+    asyncio.run(handlers.tick(body=body, patch=patch, logger=LOG))
+    assert time.monotonic() - started < 1.0 and not patch  # returned at once, nothing written
+
+
+def test_a_woken_reconcile_does_not_queue_behind_the_other_tunings_ticks(monkeypatch):
+    """kopf's pool busy with other BatchTunings' ticks (here: its one thread held for 4 s) does not hold the verdict."""
+    import concurrent.futures
+    import threading
+
+    w = world(apply={"mode": "Recommend"}, strategy={"type": "Grid", "maxTrials": 1},
+              searchSpace={"maxNumSeqs": {"values": [8]}})
+    outcome = waiting_for_the_last_window(w)
+    assert outcome.wake_at is not None
+    complete = datetime.now(UTC) + timedelta(seconds=1.0)
+    install = replace(FAR_LAG, scrape_lag_seconds=(complete - (outcome.wake_at - timedelta(seconds=600))).total_seconds())
+    monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(install))
+    monkeypatch.setattr(handlers, "TICK_SECONDS", 10.0)
+    busy = concurrent.futures.ThreadPoolExecutor(1)
+    monkeypatch.setattr(handlers, "WORKERS", busy)
+    release = threading.Event()
+    trial_index = running_trial(w)["index"]
+    body = body_of(w)
+    patch = kopf.Patch()
+
+    async def run() -> float:
+        started = time.monotonic()
+        timer = asyncio.create_task(handlers.tick(body=body, patch=patch, logger=LOG))
+        await asyncio.sleep(0.5)  # its first reconcile ran in kopf's pool and found the window incomplete
+        assert not timer.done()
+        busy.submit(release.wait, 4.0)  # then every thread of kopf's pool is taken by another tuning's tick
+        await timer
+        return time.monotonic() - started
+
+    try:
+        elapsed = asyncio.run(run())
+    finally:
+        release.set()
+        busy.shutdown()
+    assert {t["index"]: t for t in patch["status"]["trials"]}[trial_index]["state"] == "Done"
+    assert elapsed < 3.0  # at the wake (1 s), not once kopf's pool is free again (4.5 s)
