@@ -127,3 +127,28 @@ def test_far_closer_than_the_uncalibrated_twin(result: CurveResult) -> None:
     for figure in ("throughput", "tpot"):
         calibrated, nominal = result.mape(figure, None), result.mape(figure, None, nominal=True)
         assert calibrated is not None and nominal is not None and calibrated < nominal / 2, (figure, calibrated, nominal)
+
+
+def test_a_point_is_the_repeat_its_recording_names(tmp_path: Path) -> None:
+    """recording.json "point" picks each point's repeat: the fastest (the first recording) or the median one by
+    output throughput, a whole run; anything else is refused, naming the file and the value."""
+    import json
+    import shutil
+
+    folder = tmp_path / "curve"
+    shutil.copytree(CURVE, folder)
+    meta = json.loads((folder / "recording.json").read_text())
+    runs = sorted((folder / "runs").glob("mns8-c8-r*.json"))
+    third = json.loads(runs[0].read_text())
+    third["output_throughput"], third["median_tpot_ms"] = 1.0, 99.0  # a third repeat, slowest of all
+    (folder / "runs" / "mns8-c8-r99.json").write_text(json.dumps(third))
+    found = sorted(json.loads(f.read_text())["output_throughput"] for f in [*runs, folder / "runs" / "mns8-c8-r99.json"])
+    for statistic, expected in (("fastest", found[-1]), ("median", found[(len(found) - 1) // 2])):
+        (folder / "recording.json").write_text(json.dumps({**meta, "point": statistic}))
+        point = next(p for p in recorded_curve(folder).points if p.label == "mns=8 c=8")
+        assert point.measured["output_throughput"] == expected and f"({statistic} of {len(found)})" in \
+            point.observation.source
+        assert point.measured["median_tpot_ms"] != 99.0  # the chosen run's own figures, never the slow one's
+    (folder / "recording.json").write_text(json.dumps({**meta, "point": "mean"}))
+    with pytest.raises(ValueError, match=r"recording.json: point 'mean' is not one of"):
+        recorded_curve(folder)
