@@ -33,7 +33,7 @@ BOUNDS = {"throughput": 0.15, "tpot": 0.20, "ttft": 0.50}
 # comes off with it.
 WAVES = ("with fixed lengths and --ignore-eos the real streams run in waves: every request of the batch ends in the "
          "same step and its replacements are prefilled together (TTFT 18, 26 and 48 ms at 4, 8 and 16 streams on a "
-         "batch that holds them all: about 2.3 ms per waiting 64-token prompt), which the twin's closed-loop spread "
+         "batch that holds them all: about 2-2.5 ms per waiting 64-token prompt), which the twin's closed-loop spread "
          "floor (observations.CLOSED_LOOP_MIN_SPREAD) breaks up")
 NOT_MET = {
     "ttft": f"max-num-seqs 16 at 16 streams (47.7 ms, the twin 18.2 ms; 8 streams -43/-44 %, inside the bound): {WAVES}",
