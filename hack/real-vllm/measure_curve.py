@@ -9,7 +9,7 @@ other work to calm down. One server at a time; every run is bounded by its promp
 
 A run is max(--min-prompts, --prompts-per-stream x streams) prompts: runs of 1-3 s (8 prompts per stream) scattered
 by up to 50 % between repeats on the 2-core machine, since a closed loop's start and drain and any scheduling
-hiccup weigh on a few hundred tokens; see docs/twin.md, "Against real vLLM on CPU", for the probe that chose the
+hiccup weigh on a few hundred tokens; docs/twin.md, "Point by point: real vLLM on CPU", gives the probe that chose the
 defaults. With --pin the engine core gets a CPU of its own and the API server and the client share the others
 (os.sched_setaffinity on every thread), so the client's and the API server's bursts do not preempt the model's steps.
 
