@@ -8,7 +8,7 @@ repeats are spread over the session. With --quiet-load / --quiet-idle each run f
 other work to calm down. One server at a time; every run is bounded by its prompt count and a timeout.
 
 A run is max(--min-prompts, --prompts-per-stream x streams) prompts: runs of 1-3 s (8 prompts per stream) scattered
-by up to 50 % between repeats on the 2-core machine, since a closed loop's start and drain and any scheduling
+by up to 43 % between repeats on the 2-core machine, since a closed loop's start and drain and any scheduling
 hiccup weigh on a few hundred tokens; docs/twin.md, "Point by point: real vLLM on CPU", gives the probe that chose the
 defaults. With --pin the engine core gets a CPU of its own and the API server and the client share the others
 (os.sched_setaffinity on every thread), so the client's and the API server's bursts do not preempt the model's steps.
