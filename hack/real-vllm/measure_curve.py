@@ -7,8 +7,15 @@ VLLM_CPU_KVCACHE_SPACE), reads its KV pool from /metrics (vllm:cache_config_info
 repeats are spread over the session. With --quiet-load / --quiet-idle each run first waits for the machine's
 other work to calm down. One server at a time; every run is bounded by its prompt count and a timeout.
 
+A run is max(--min-prompts, --prompts-per-stream x streams) prompts: runs of 1-3 s (8 prompts per stream) scattered
+by up to 43 % between repeats on the 2-core machine, since a closed loop's start and drain and any scheduling
+hiccup weigh on a few hundred tokens; docs/twin.md, "Point by point: real vLLM on CPU", gives the probe that chose the
+defaults. With --pin the engine core gets a CPU of its own and the API server and the client share the others
+(os.sched_setaffinity on every thread), so the client's and the API server's bursts do not preempt the model's steps.
+
 Prints one JSON object: {"points": [{max_num_seqs, concurrency, output_throughput, median_ttft_ms, ...: the
-fastest of its runs (other work on a shared machine only ever slows a run), "runs": how many}], ...}. With --save-dir DIR every run's `--save-result` file is
+median repeat (by output throughput) of its runs, "runs": how many, "spread": (max - min) / median of their
+output throughput}], ...}. With --save-dir DIR every run's `--save-result` file is
 kept there (per-request lists dropped except input_lens/output_lens), each carrying --metadata max_num_seqs,
 gpu_memory_utilization, max_model_len and kv_cache_size_tokens, so `batchtune twin calibrate` reads it as is.
 """
@@ -16,6 +23,7 @@ gpu_memory_utilization, max_model_len and kv_cache_size_tokens, so `batchtune tw
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -46,8 +54,42 @@ def kv_pool(port: int) -> int:
     return int(match.group(1))
 
 
+def median_run(found: list[dict]) -> dict:
+    """The median repeat by output throughput (the lower middle one of an even count): a real run, whose figures
+    belong together, unlike a median taken figure by figure."""
+    ranked = sorted(found, key=lambda r: float(r["output_throughput"]))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def spread(found: list[dict]) -> float:
+    """(max - min) / median of the repeats' output throughput: how far one run can be from another."""
+    values = [float(r["output_throughput"]) for r in found]
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (sched_setaffinity takes one thread; later threads inherit)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:  # gone since it was seen
+        return
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def split_cpus() -> tuple[set[int], set[int]]:
+    """(engine CPUs, front CPUs): the last CPU this process may use for the engine core, the rest for the API
+    server and the client."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--pin needs at least 2 CPUs, this process may use {cpus}")
+    return {cpus[-1]}, set(cpus[:-1])
+
+
 def bench(vllm: str, model: Path, port: int, concurrency: int, prompts: int, input_len: int, output_len: int,
-          env: dict[str, str], out_dir: Path, metadata: dict[str, object]) -> dict:
+          env: dict[str, str], out_dir: Path, metadata: dict[str, object],
+          cpus: set[int] | None = None) -> dict:
     name = f"c{concurrency}-{time.monotonic_ns()}.json"
     argv = [vllm, "bench", "serve", "--backend", "vllm", "--host", "127.0.0.1", "--port", str(port),
             "--model", SERVED, "--tokenizer", str(model), "--dataset-name", "random",
@@ -56,7 +98,8 @@ def bench(vllm: str, model: Path, port: int, concurrency: int, prompts: int, inp
             "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95",
             "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name,
             "--disable-tqdm", "--metadata", *(f"{k}={v}" for k, v in metadata.items())]
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600,
+                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     result = json.loads((out_dir / name).read_text())
     return {k: v for k, v in result.items() if k not in DROPPED}
 
@@ -96,7 +139,10 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32")
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--prompts-per-stream", type=int, default=6)
+    parser.add_argument("--prompts-per-stream", type=int, default=24)
+    parser.add_argument("--min-prompts", type=int, default=96, help="at least this many prompts per run")
+    parser.add_argument("--pin", action="store_true",
+                        help="engine core on a CPU of its own, the API server and the client on the others")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs per point; each repeat goes over every setting again (a server start each)")
     parser.add_argument("--save-dir", type=Path, default=None, help="keep every run's result file here")
@@ -113,6 +159,10 @@ def main() -> int:
                         help="serve as the real-vLLM tier's node agent does: VLLM_CPU_OMP_THREADS_BIND=nobind "
                              "OMP_NUM_THREADS=1 (docs/real-vllm.md), not vLLM's default binding")
     args = parser.parse_args()
+    loads_list = [int(v) for v in args.concurrency.split(",")]
+    if args.save_dir and len(set(loads_list)) != len(loads_list):
+        parser.error(f"--concurrency {args.concurrency}: a load twice in one server needs no --save-dir "
+                     "(its saved runs would share a name); use --repeats")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env.update({"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"})
     if args.tier_env:
@@ -137,13 +187,16 @@ def main() -> int:
                     return 1
     points = []
     for (mns, conc), found in sorted(runs.items()):
-        fastest = max(found, key=lambda r: float(r["output_throughput"]))
+        middle = median_run(found)
         points.append({"max_num_seqs": mns, "concurrency": conc, "runs": len(found),
-                       **{k: round(float(fastest[k]), 3) for k in KEYS},
-                       "output_throughput_runs": [round(float(r["output_throughput"]), 1) for r in found]})
+                       "spread": round(spread(found), 3), **{k: round(float(middle[k]), 3) for k in KEYS},
+                       "output_throughput_runs": [round(float(r["output_throughput"]), 1) for r in found],
+                       "median_tpot_ms_runs": [round(float(r["median_tpot_ms"]), 2) for r in found]})
+    spreads = sorted(p["spread"] for p in points)
     print(json.dumps({"input_len": args.input_len, "output_len": args.output_len, "seconds": round(time.time() - started),
                       "load_average_1m": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
-                      "points": points, "note": "each point's figures: the fastest of its runs"}, indent=1))
+                      "pinned": args.pin, "spread": {"median": statistics.median(spreads), "max": spreads[-1]},
+                      "points": points, "note": "each point's figures: the median repeat of its runs"}, indent=1))
     return 0
 
 
@@ -162,12 +215,20 @@ def serve_and_measure(args: argparse.Namespace, env: dict[str, str], out_dir: Pa
             return 1
         metadata = {"max_num_seqs": mns, "gpu_memory_utilization": GMU, "max_model_len": MAX_MODEL_LEN,
                     "kv_cache_size_tokens": kv_pool(server.port)}
+        front: set[int] | None = None
+        if args.pin:
+            engine, front = split_cpus()
+            server.track()
+            for pid, _ in server.tracked:  # the engine core and its helpers
+                pin_threads(pid, engine)
+            pin_threads(server.proc.pid, front)  # the API server
+            metadata["pinned"] = f"engine core on CPU {sorted(engine)}, API server and client on {sorted(front)}"
         for conc in concurrencies:
             waited = quiet(args.quiet_load, args.quiet_idle, args.quiet_wait)
-            r = bench(args.vllm, args.model, server.port, conc, max(24, args.prompts_per_stream * conc),
+            r = bench(args.vllm, args.model, server.port, conc, max(args.min_prompts, args.prompts_per_stream * conc),
                       args.input_len, args.output_len, env, out_dir,
                       {**metadata, "load_average_1m": round(os.getloadavg()[0], 2),
-                       "waited_for_quiet_s": round(waited, 1)})
+                       "waited_for_quiet_s": round(waited, 1)}, front)
             runs.setdefault((mns, conc), []).append(r)
             loads.append(os.getloadavg()[0])
             if args.save_dir:

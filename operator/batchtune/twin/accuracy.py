@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.fit import Calibration, Observation, calibrate, simulate
 from batchtune.twin.params import NOMINAL, TwinParams
 from batchtune.twin.steady import Shape
+
+T = TypeVar("T", bound=Any)
 
 FIGURES = ("throughput", "tpot", "ttft", "e2el")
 """The figures compared, in the order the tables give them."""
@@ -169,7 +172,9 @@ def simulated_shape(shape: Shape, closed: bool) -> Shape:
     return shape
 
 
-RECORDED_CURVE = "tests/data/real-vllm-curve"
+RECORDED_CURVE = "tests/data/real-vllm-curve-long"
+"""The real-engine check's recording (7 Dec: three long repeats per point, the engine core pinned); the bench's
+recorded truth still reads the first one, tests/data/real-vllm-curve (`bench.recorded`)."""
 TRAIN_SETTING = 8
 TRAIN_LOADS = (1, 4, 16)
 """The real-engine check: calibrated on max-num-seqs 8 at 1, 4 and 16 streams (below, inside and past its
@@ -179,8 +184,8 @@ batch), predicting the other loads and settings of the curve."""
 def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_setting: int = TRAIN_SETTING,
                    train_loads: Sequence[int] = TRAIN_LOADS) -> Curve:
     """A curve recorded by hack/real-vllm/measure-curve --save-dir: every run file read as `batchtune twin
-    calibrate` reads it; a point is the fastest of its repeats (the others lost time to the machine's other
-    work); the twin is calibrated on every repeat of the training points (`Curve.training`)."""
+    calibrate` reads it; a point is one of its repeats, chosen by recording.json's "point" (`representative`);
+    the twin is calibrated on every repeat of the training points (`Curve.training`)."""
     from batchtune.twin import observations as reading
 
     folder = Path(folder)
@@ -193,6 +198,7 @@ def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_set
         observations = reading.load_all(files, cfg)
     else:  # a twin before load_all (the docs' "before" column)
         observations = [o for f in files for o in reading.load_observations(f, cfg)]
+    statistic = recording_statistic(folder)
     groups: dict[tuple[int, float], list[Observation]] = {}
     for obs in observations:
         assert obs.concurrency is not None, obs.source
@@ -201,9 +207,8 @@ def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_set
     train: list[int] = []
     training: list[Observation] = []
     for (mns, conc), found in sorted(groups.items()):
-        # On a shared machine other work only ever slows a run down: the fastest repeat is the engine's own.
-        fastest = max(found, key=lambda o: o.metrics.get("output_throughput", 0.0))
-        obs = replace(fastest, source=f"{fastest.source} (fastest of {len(found)})")
+        chosen = representative(found, statistic)
+        obs = replace(chosen, source=f"{chosen.source} ({statistic} of {len(found)})")
         if mns == train_setting and int(conc) in train_loads:
             train.append(len(points))
             # Calibrated on every repeat of the training points, as `batchtune twin calibrate runs/*.json` would
@@ -213,6 +218,34 @@ def recorded_curve(folder: str | Path, cfg: ServeConfig | None = None, train_set
         points.append(Point(f"mns={mns} c={conc:g}", obs, dict(obs.metrics), saturated=conc > mns))
     return Curve(f"real vLLM on CPU ({meta['model']})", meta.get("command", str(folder)), tuple(points),
                  tuple(train), tuple(training))
+
+
+REPRESENTATIVE = ("fastest", "median")
+"""How a recording's point is chosen among its repeats (recording.json "point"; "fastest" where it says none):
+"fastest" for the first recording (two short repeats; on a shared machine other work only ever slows a run),
+"median" for one of at least three long repeats, whose scatter goes both ways."""
+
+
+def recording_statistic(folder: str | Path) -> str:
+    """How the recording in `folder` picks a point among its repeats: its recording.json "point"."""
+    path = Path(folder) / "recording.json"
+    statistic = json.loads(path.read_text()).get("point", "fastest")
+    if statistic not in REPRESENTATIVE:
+        raise ValueError(f"{path}: point {statistic!r} is not one of {list(REPRESENTATIVE)}")
+    return str(statistic)
+
+
+def representative(found: Sequence[T], statistic: str,
+                   throughput: Callable[[T], float] = lambda o: o.metrics.get("output_throughput", 0.0)) -> T:
+    """The repeat that stands for a point: the fastest, or the median one by output throughput (the lower middle
+    of an even count): a real run, whose figures belong together, unlike a median taken figure by figure.
+    `found`: Observations, or anything with a `throughput` function (a live run's summary dict)."""
+    ranked = sorted(found, key=throughput)
+    if statistic == "fastest":
+        return ranked[-1]
+    if statistic == "median":
+        return ranked[(len(ranked) - 1) // 2]
+    raise ValueError(f"point statistic {statistic!r} is not one of {list(REPRESENTATIVE)}")
 
 
 # ---- tables ----------------------------------------------------------------------------------------
