@@ -157,6 +157,9 @@ class World:
     """dcgm-exporter's modelName on production's GPU series (None: no such series)."""
     requests_per_second: float | None = None
     """Requests a load run finishes per measured second (None: always 200, enough for any percentile)."""
+    requests_per_second_per_load: float | None = None
+    """Requests a load run finishes per measured second and unit of load: a higher load finishes more (None:
+    `requests_per_second`)."""
     load_runs: list[tuple[str, int]] = field(default_factory=list)
     """(Job name, measured seconds) of every load run, in order."""
     run_loads: list[tuple[int, int, int]] = field(default_factory=list)
@@ -289,7 +292,10 @@ class World:
                 if "--duration" in args else 60
             self.load_runs.append((job["metadata"]["name"], measured))
             self.run_loads.append((int(trial), load, measured))
-            done = 200 if self.requests_per_second is None else int(self.requests_per_second * measured)
+            if self.requests_per_second_per_load is not None:
+                done = int(self.requests_per_second_per_load * load * measured)
+            else:
+                done = 200 if self.requests_per_second is None else int(self.requests_per_second * measured)
             summary = {"completed": done, "failed": 0, "samples": done,
                        "measure_start": (start + timedelta(seconds=10)).timestamp(), "measure_end": end.timestamp(),
                        "p95_itl_ms": figures[M.ITL_MS], "p95_ttft_ms": figures[M.TTFT_MS],

@@ -191,3 +191,21 @@ def test_cli_lists_scenarios_and_rejects_unknown_names(capsys) -> None:
     assert "oom-8b-h100-bigbudget" in capsys.readouterr().out
     assert main(["bench", "tuning", "--scenarios", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_strategy_names_are_the_ones_the_results_carry() -> None:
+    from batchtune.bench.runner import STRATEGY_NAMES, TPE_NAME, _name, default_strategies
+
+    assert (*(_name(s) for s in default_strategies(SyntheticTruth())), TPE_NAME) == STRATEGY_NAMES
+
+
+def test_cli_runs_only_the_strategies_named_and_refuses_an_unknown_one(capsys) -> None:
+    from batchtune.bench.runner import OnlyStrategies
+    from batchtune.cli import main
+
+    bench = run_bench([SMALL], SyntheticTruth, seed=4, noise=0.03,
+                      strategies=OnlyStrategies(frozenset({"adaptive", "doubling"})), with_tpe=False)
+    assert [r.strategy for r in bench.scenarios[0].runs] == ["adaptive", "doubling"]
+    assert main(["bench", "tuning", "--strategies", "adaptive,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--strategies 'adaptive,nope'" in err and "'nope'" in err and "twin_guided" in err

@@ -587,3 +587,53 @@ def test_a_failed_re_measurement_after_the_search_spent_its_steps_still_looks_be
     step = next_step(steps, Setting(1024, 85), [], ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=True,
                                                                      first_load=600, bracketing=True), None, False)
     assert step is not None and step.load < 600 and not step.short
+
+
+# ---- a step with too few requests to judge: no verdict, not a failure ----------------------------
+
+
+def _thin(load: int, samples: float = 12.0) -> StepResult:
+    """A step Unknown because only `samples` requests finished (fewer than the SLO's 20)."""
+    return StepResult(load, {M.SAMPLES: samples}, Verdict.UNKNOWN, "only 12 requests behind the percentiles",
+                      -math.inf)
+
+
+@pytest.mark.parametrize("steps, expected", [
+    pytest.param([_thin(16)], 32, id="alone-the-load-doubles"),
+    pytest.param([_thin(8), _thin(16)], 32, id="the-highest-unjudged-doubles"),
+    pytest.param([_thin(4096)], None, id="alone-at-the-ceiling-stops"),
+    pytest.param([_thin(3000)], 4096, id="doubling-is-clamped-to-the-ceiling"),
+    pytest.param([_thin(16), _step(64, -0.5)], 40, id="below-a-fail-it-is-a-floor"),
+    pytest.param([_step(8, -0.5), _thin(16)], 32, id="a-fail-below-it-is-no-fail-above"),
+    pytest.param([_thin(100), _step(110, -0.5)], None, id="a-floor-within-the-resolution-of-the-fail-stops"),
+    pytest.param([_thin(8), _step(16, 0.5)], 32, id="below-a-pass-it-says-nothing"),
+    pytest.param([_thin(16, samples=19.0)], 32, id="nineteen-is-too-few"),
+    pytest.param([_thin(16, samples=20.0)], 4, id="twenty-is-judged-an-unknown-steps-down"),
+    pytest.param([StepResult(16, {}, Verdict.UNKNOWN, "not measured", -math.inf)], 4, id="no-sample-count-steps-down"),
+])
+def test_search_next_reads_too_few_requests_as_no_verdict(steps, expected):
+    assert search_next(steps, SearchBounds(start=16, highest=4096)) == expected
+
+
+def test_too_few_requests_follows_the_slos_min_samples():
+    from batchtune.core.protocol import too_few_requests
+
+    assert too_few_requests(_thin(16, samples=29.0), min_samples=30)
+    assert not too_few_requests(_thin(16, samples=30.0), min_samples=30)
+    assert not too_few_requests(StepResult(16, {M.SAMPLES: 5.0}, Verdict.VIOLATED, "", -0.5))  # judged: a fail
+    config = ProtocolConfig(Objective.SLO_CAPACITY, SloTargets(itl_ms=40, min_samples=30), open_loop=False)
+    assert next_load([_thin(8, samples=25.0)], Setting(16, 90), [], config) == 16
+
+
+def test_a_trial_too_thin_at_every_load_says_so_at_the_highest():
+    conclusion = conclude([_thin(8), _thin(16), _thin(32)], CAPACITY)
+    assert conclusion.verdict is Verdict.UNKNOWN and conclusion.reason is Reason.NO_CAPACITY
+    assert conclusion.verdict_reason.startswith("too few requests to judge even at the highest load tried "
+                                                "(32 concurrent requests): only 12 requests")
+    assert conclusion.message.startswith(conclusion.verdict_reason)
+
+
+def test_a_fail_above_a_thin_step_speaks_for_the_trial():
+    conclusion = conclude([_thin(8), _step(32, -0.5)], CAPACITY)
+    assert conclusion.verdict is Verdict.VIOLATED
+    assert conclusion.verdict_reason.startswith("even the lowest load (32) fails")

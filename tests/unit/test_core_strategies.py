@@ -378,3 +378,81 @@ def test_search_keeps_engine_invariant_prunes_out_of_the_plan():
         asked.append(s)
         history.append((s, TrialOutcome(TrialState.DONE, Verdict.MET, 1.0)))
     assert len(asked) == 4 and all(s.max_num_seqs != 16 for s in asked)
+
+
+# ---- batch_never_filled: a capacity trial KV-bound below its batch limit bounds its column ---------------------
+
+
+def _kv_capacity_outcome(seqs: int, running_at_fail: float | None, *, peak_kv: float = 97.0, preempt: float = 0.0,
+                         met: bool = True, failing_steps: int = 1) -> TrialOutcome:
+    """A capacity trial: a passing step, then `failing_steps` failing ones with `running_at_fail` mean running."""
+    from batchtune.core.outcomes import StepObservation
+
+    fail_metrics = {} if running_at_fail is None else {M.RUNNING_REQUESTS: running_at_fail}
+    steps = (StepObservation(seqs // 2, {M.RUNNING_REQUESTS: seqs / 2}, Verdict.MET, 0.2),
+             *(StepObservation(seqs * (2 + i), fail_metrics, Verdict.VIOLATED, -0.5) for i in range(failing_steps)))
+    metrics = {"e2eMs": 500.0, "sloCapacity": 10.0, "kvCacheUsagePercent": 60.0, "kvCacheUsagePeakPercent": peak_kv,
+               "preemptionsPeakPerSecond": preempt}
+    return TrialOutcome(TrialState.DONE, Verdict.MET if met else Verdict.VIOLATED, 10.0 if met else None, metrics,
+                        steps=steps)
+
+
+@pytest.mark.parametrize(("outcome", "bounds"), [
+    pytest.param(_kv_capacity_outcome(100, 85.0), True, id="kv-full-batch-at-85pct-never-filled"),
+    pytest.param(_kv_capacity_outcome(100, 89.9), True, id="just-under-90pct"),
+    pytest.param(_kv_capacity_outcome(100, 90.0), False, id="90pct-filled"),
+    pytest.param(_kv_capacity_outcome(100, 95.0), False, id="95pct-filled"),
+    pytest.param(_kv_capacity_outcome(100, 40.0, peak_kv=60.0, preempt=0.5), True, id="preemptions-are-kv-bound"),
+    pytest.param(_kv_capacity_outcome(100, 40.0, peak_kv=60.0), False, id="not-kv-bound"),
+    pytest.param(_kv_capacity_outcome(100, 40.0, met=False), False, id="violated-trial"),
+    pytest.param(_kv_capacity_outcome(100, 40.0, failing_steps=0), False, id="no-failing-step"),
+    pytest.param(_kv_capacity_outcome(100, None), False, id="running-unmeasured-at-a-failing-step"),
+])
+def test_batch_never_filled(outcome, bounds):
+    from batchtune.core.strategies._adaptive import batch_never_filled
+
+    reason = batch_never_filled(Setting(100, 90), outcome)
+    assert (reason is not None) is bounds
+    if bounds:
+        assert "batch never filled" in reason and "0.9 x max-num-seqs 100" in reason
+
+
+def test_batch_never_filled_needs_every_failing_step_under_the_line():
+    from batchtune.core.outcomes import StepObservation
+    from batchtune.core.strategies._adaptive import batch_never_filled
+
+    outcome = _kv_capacity_outcome(100, 50.0, failing_steps=2)
+    one_full = TrialOutcome(outcome.state, outcome.verdict, outcome.objective, outcome.metrics,
+                            steps=(*outcome.steps, StepObservation(900, {M.RUNNING_REQUESTS: 99.0}, Verdict.VIOLATED)))
+    assert batch_never_filled(Setting(100, 90), outcome) is not None
+    assert batch_never_filled(Setting(100, 90), one_full) is None
+
+
+def _kv_world(s: Setting) -> TrialOutcome:
+    """The KV cache holds 40 running requests at gmu 80 and 160 at gmu 90; every trial meets the SLO at its
+    capacity, min(seqs, KV), and its failing step above the capacity runs that many."""
+    kv = {80: 40, 90: 160}[s.gpu_memory_utilization_percent]
+    running = float(min(s.max_num_seqs, kv))
+    return _kv_capacity_outcome(s.max_num_seqs, running, peak_kv=97.0 if s.max_num_seqs > kv else 60.0)
+
+
+def test_adaptive_stops_climbing_a_column_whose_batch_never_filled():
+    plan = plan_candidates(SearchSpace(doublings(4, 512), (80, 90)))
+    strategy = make_strategy("Adaptive", plan, SLO, "SloCapacity", 0, 64)
+    history = []
+    while (s := strategy.ask(history)) is not None:
+        history.append((s, _kv_world(s)))
+    at_80 = {s.max_num_seqs for s, _ in history if s.gpu_memory_utilization_percent == 80}
+    assert max(at_80) <= 128 and 512 not in at_80  # 128 ran 40 of 128: nothing larger can help at gmu 80
+    assert any(s.gpu_memory_utilization_percent == 90 for s, _ in history)  # KV-bound: more memory can
+    skipped = strategy.skipped(history)
+    assert any(p.setting == Setting(512, 80) and "batch never filled" in p.message for p in skipped)
+
+
+def test_batch_never_filled_is_for_capacity_objectives_only():
+    plan = plan_candidates(SearchSpace(doublings(4, 512), (80,)))
+    strategy = make_strategy("Adaptive", plan, SLO, "OutputThroughput", 0, 64)
+    history = []
+    while (s := strategy.ask(history)) is not None:
+        history.append((s, _kv_world(s)))
+    assert 512 in {s.max_num_seqs for s, _ in history}

@@ -579,9 +579,11 @@ def test_a_run_still_too_thin_at_the_longest_window_is_unknown_and_says_why():
 
 
 def test_the_capacity_search_keeps_the_window_an_earlier_step_needed():
+    # The first load (8) finishes too few requests even at the longest window (14 in 120 s): no verdict, so the
+    # search doubles the load, where a window as long finishes enough (28), and the steps after keep that window.
     w = world(searchSpace={"maxNumSeqs": {"values": [16]}}, strategy={"type": "Grid", "maxTrials": 1},
-              report={"curveLoad": {"type": "Off"}})  # the search's runs only
-    w.requests_per_second = 0.1
+              load={"concurrency": 8}, report={"curveLoad": {"type": "Off"}})  # the search's runs only
+    w.requests_per_second_per_load = 0.015
     w.run_until({"Succeeded", "Recommended", "Failed"})
     seconds = [seconds for _, seconds in w.load_runs]
     assert seconds[:2] == [30, 120] and len(seconds) > 2 and set(seconds[2:]) == {120}

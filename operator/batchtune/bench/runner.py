@@ -174,6 +174,23 @@ def default_strategies(truth: GroundTruth) -> list[TuningStrategy]:
     ]
 
 
+STRATEGY_NAMES = ("twin_guided", "adaptive", "adaptive_full_windows", "bayesian", "sim_only", "auto_tune", "doubling",
+                  "hill_climb", "optuna_tpe")
+"""Every strategy the bench runs, as its results name them (`default_strategies`, then Optuna TPE)."""
+TPE_NAME = "optuna_tpe"
+
+
+@dataclass(frozen=True)
+class OnlyStrategies:
+    """`--strategies`: only the named ones of `base` (default `default_strategies`); picklable for --jobs."""
+
+    names: frozenset[str]
+    base: Callable[[GroundTruth], Sequence[TuningStrategy]] | None = None
+
+    def __call__(self, truth: GroundTruth) -> list[TuningStrategy]:
+        return [s for s in (self.base or default_strategies)(truth) if _name(s) in self.names]
+
+
 def _name(strategy: TuningStrategy) -> str:
     return getattr(strategy, "label", None) or strategy.name
 

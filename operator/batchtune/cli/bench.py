@@ -40,6 +40,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tuning.add_argument("-o", "--output", choices=("table", "json", "markdown"), default="table")
     tuning.add_argument("--seed", type=int, default=0, help="seed of every noisy reading and strategy (default 0)")
     tuning.add_argument("--scenarios", default="", help="comma-separated scenario names (default: all)")
+    tuning.add_argument("--strategies", default="", metavar="NAMES",
+                        help="comma-separated strategies to run, as the results name them (e.g. adaptive,twin_guided; "
+                             "default: all). optuna_tpe's trial budget is adaptive's trial count on the scenario when "
+                             "adaptive runs too, else 12")
     tuning.add_argument("--noise", type=float, default=DEFAULT_NOISE, help=f"measurement noise (default {DEFAULT_NOISE})")
     tuning.add_argument("--truth", choices=("perturbed", "far", "nominal", "recorded"), default="perturbed",
                         help="what the strategies tune against: each scenario's hidden reality (default: the twin "
@@ -81,6 +85,11 @@ def _tuning(args: argparse.Namespace) -> int:
         print(f"error: {picked}", file=sys.stderr)
         return 2
     scenarios, factory, strategies = picked
+    only = _only(args.strategies, strategies)
+    if isinstance(only, str):
+        print(f"error: {only}", file=sys.stderr)
+        return 2
+    strategies, with_tpe = only
     if args.list:
         for s in scenarios:
             print(f"{s.name:32} {s.model} on {s.tensor_parallel_size}x {s.gpu}, {s.input_len}/{s.output_len} tokens, "
@@ -104,7 +113,7 @@ def _tuning(args: argparse.Namespace) -> int:
 
     result = run_bench(scenarios, factory, seed=args.seed, noise=args.noise, jobs=max(1, args.jobs),
                        use_cache=args.cache, progress=progress, truth_name=args.truth, truth_seeds=truth_seeds,
-                       strategies=strategies)
+                       strategies=strategies, with_tpe=with_tpe)
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             fh.write(to_json(result))
@@ -158,6 +167,22 @@ def _pick(args: argparse.Namespace) -> tuple[list[Scenario], Callable[..., Groun
     except (ValueError, OSError, KeyError) as exc:
         return f"--truth recorded: {safe(exc)}"
     return scenarios, partial(RecordedTruth, directory), recorded_strategies
+
+
+def _only(value: str, strategies: StrategiesFn | None) -> tuple[StrategiesFn | None, bool] | str:
+    """`--strategies`: the strategies to run and whether Optuna TPE is one of them, or what is wrong."""
+    from batchtune.bench.runner import STRATEGY_NAMES, TPE_NAME, OnlyStrategies
+    from batchtune.terminal import safe
+
+    if not value:
+        return strategies, True
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STRATEGY_NAMES]
+    if unknown or not names:
+        return (f"--strategies {safe(value)!r}: unknown strategy {', '.join(map(repr, map(safe, unknown)))} "
+                if unknown else f"--strategies {safe(value)!r}: no strategy named ") + \
+            f"(known: {', '.join(STRATEGY_NAMES)})"
+    return OnlyStrategies(frozenset(names), strategies), TPE_NAME in names
 
 
 def _emit(result: BenchResult, output: str) -> int:

@@ -162,6 +162,8 @@ class SearchBounds:
     highest: int = 1 << 20
     max_steps: int = MAX_LOAD_STEPS
     resolution: float = RESOLUTION
+    min_samples: int = MIN_SAMPLES
+    """Fewer requests than this behind a step's percentiles is no verdict (`too_few_requests`)."""
 
 
 # ---- a step ----------------------------------------------------------------------------------
@@ -305,7 +307,7 @@ def next_search_step(steps: Sequence[StepResult], setting: Setting, neighbours: 
     bounds = SearchBounds(start=capacity_start(setting, neighbours, config, predicted),
                           highest=capacity_ceiling(setting, config),
                           max_steps=config.max_steps + (EXTRA_STEPS_WHEN_MISLED if misled else 0),
-                          resolution=config.resolution)
+                          resolution=config.resolution, min_samples=config.slo.min_samples)
     settled = settled_steps(steps)
     load = search_next(settled, bounds)
     if load is not None:
@@ -334,11 +336,30 @@ def short_window_misled(steps: Sequence[StepResult]) -> bool:
     return any(s.full and not s.passed and s.load in short_passes for s in steps)
 
 
+def too_few_requests(step: StepResult, min_samples: int = MIN_SAMPLES) -> bool:
+    """Whether a step is Unknown because too few requests finished to judge it: no verdict, not a failure.
+
+    A closed loop at a low load finishes fewer requests in its window than a percentile needs, even after
+    `longer_run`'s lengthening; a higher load finishes more."""
+    samples = step.metrics.get(M.SAMPLES)
+    return step.verdict is Verdict.UNKNOWN and _is_number(samples) and samples < min_samples
+
+
 def search_next(steps: Sequence[StepResult], bounds: SearchBounds) -> int | None:
-    """The SLO-capacity search: the next load to try, or None when the capacity is known well enough."""
+    """The SLO-capacity search: the next load to try, or None when the capacity is known well enough.
+
+    A step with too few requests to judge (`too_few_requests`) is no verdict: alone (no fail above it, nor a
+    pass) the load doubles for the next step; below a fail it is a floor (the next load lies between them);
+    below a pass it says nothing."""
     if len(steps) >= bounds.max_steps:
         return None
     tried = {s.load for s in steps}
+    judged = [s for s in steps if not too_few_requests(s, bounds.min_samples)]
+    if len(judged) < len(steps):
+        floor = max(s.load for s in steps if too_few_requests(s, bounds.min_samples))
+        if not any(s.passed and s.load > floor for s in judged):
+            return _above_unjudged(floor, judged, bounds)
+        steps = judged  # below a pass, a step too thin to judge says nothing
     passes = [s for s in steps if s.passed]
     fails = [s for s in steps if not s.passed]
     if not steps:
@@ -368,6 +389,16 @@ def search_next(steps: Sequence[StepResult], bounds: SearchBounds) -> int | None
     # at least 2 apart: the interpolation, or else the midpoint, is a new load between them.
     candidate = _interpolate(low, high)
     return candidate if low.load < candidate < high.load else (low.load + high.load) // 2
+
+
+def _above_unjudged(floor: int, judged: Sequence[StepResult], bounds: SearchBounds) -> int | None:
+    """The next load above `floor`, the highest load too thin to judge, with no pass above it: alone, twice the
+    load; below a fail, between the two."""
+    above = [s.load for s in judged if not s.passed and s.load > floor]
+    if not above:
+        return None if floor >= bounds.highest else _clamp(floor * 2, bounds)
+    high = min(above)
+    return None if high - floor <= max(1, math.ceil(floor * bounds.resolution)) else (floor + high) // 2
 
 
 def _margin(step: StepResult) -> float:
@@ -510,9 +541,17 @@ def _conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion
         return Conclusion(_figures(step, steps), step.verdict, step.verdict_reason, Reason.MEASURED, message,
                           len(steps))
     passing = [s for s in steps if s.passed and s.full]  # a short window alone never makes a capacity
+    if not passing and all(too_few_requests(s, config.slo.min_samples) for s in steps):
+        step = max(steps, key=lambda s: s.load)
+        why = (f"too few requests to judge even at the highest load tried ({step.load} {config.unit}): "
+               f"{step.verdict_reason}")
+        return Conclusion(_figures(step, steps), Verdict.UNKNOWN, why, Reason.NO_CAPACITY,
+                          why + (f"; {step.cross_check}" if step.cross_check else ""), len(steps))
     if not passing:
         unconfirmed = any(s.passed for s in steps)
         judged = [s for s in steps if not s.passed] if unconfirmed else steps
+        # A step too thin to judge failed nothing: the lowest load that did fail speaks for the trial.
+        judged = [s for s in judged if not too_few_requests(s, config.slo.min_samples)] or judged
         step = min(judged, key=lambda s: s.load)
         verdict = Verdict.UNKNOWN if all(s.verdict is Verdict.UNKNOWN for s in judged) else Verdict.VIOLATED
         why = (f"no load passed for the full window, only short bracketing ones; the lowest that fails "

@@ -15,7 +15,10 @@ What the history proves is skipped:
   the same or larger token budget;
 - a higher gmu column when the lower one was not KV-bound at its boundary (no preemptions, KV
   usage under 90%, judged on the peak over every load step of the trial, not only the passing step
-  the trial's metrics come from): more KV cache would not change its latency.
+  the trial's metrics come from): more KV cache would not change its latency;
+- with a capacity objective, larger max-num-seqs than a trial that met the SLO KV-bound while its batch never
+  filled (`batch_never_filled`: mean running requests under 90% of its max-num-seqs at every failing load step):
+  the KV cache, not the batch limit, held its load back, so a larger limit admits nothing more.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from batchtune.core.vocabulary import M, Reason
 
 KV_BOUND_USAGE_PERCENT = 90.0
 """KV-cache usage at or above this (or any preemption) means more GPU memory could help."""
+BATCH_FILLED_FRACTION = 0.9
+"""A batch whose mean running requests reach this fraction of max-num-seqs filled (`batch_never_filled`)."""
 
 # Peak KV usage / preemption rate over all of a trial's load steps (the operator's trial metrics);
 # with the SLO-capacity objective the plain metrics are the passing step's, below where KV binds.
@@ -86,6 +91,41 @@ def queued_miss(outcome: TrialOutcome, slo: SloTargets) -> bool:
                 return False
             over.append(metric)
     return bool(over)
+
+
+def _kv_evidence(outcome: TrialOutcome) -> str | None:
+    """Why the trial was KV-bound (a preemption, or peak KV usage at or above 90%), or None."""
+    preemptions = _peak(outcome, PREEMPTION_METRICS)
+    if preemptions is not None and preemptions > 0:
+        return f"preemptions {preemptions:g}/s"
+    usage = _peak(outcome, KV_USAGE_METRICS)
+    if usage is not None and usage >= KV_BOUND_USAGE_PERCENT:
+        return f"peak KV usage {usage:g}%"
+    return None
+
+
+def batch_never_filled(setting: Setting, outcome: TrialOutcome) -> str | None:
+    """Why a larger max-num-seqs in this setting's column cannot raise its capacity, or None.
+
+    A capacity trial that met the SLO while KV-bound, and whose mean running requests stayed under
+    BATCH_FILLED_FRACTION of its max-num-seqs at every load step that failed (at least one, each measured): past its
+    capacity the batch never filled, so the KV cache, not max-num-seqs, is what held its load back."""
+    if not outcome.met:
+        return None
+    kv = _kv_evidence(outcome)
+    failing = [s for s in outcome.steps if s.verdict is Verdict.VIOLATED]
+    if kv is None or not failing:
+        return None
+    running = [s.metrics.get(M.RUNNING_REQUESTS) for s in failing]
+    values = [float(r) for r in running if isinstance(r, (int, float)) and math.isfinite(r)]
+    if len(values) < len(running):
+        return None  # a failing step without the figure: the batch may have filled there
+    limit = BATCH_FILLED_FRACTION * setting.max_num_seqs
+    if max(values) >= limit:
+        return None
+    return (f"{setting.label()} met the SLO KV-bound ({kv}) but its batch never filled (mean running requests at most "
+            f"{max(values):g} < {BATCH_FILLED_FRACTION:g} x max-num-seqs {setting.max_num_seqs} at every failing load "
+            "step): the KV cache limits it, so a larger max-num-seqs cannot help")
 
 
 def _classify(outcome: TrialOutcome, slo: SloTargets) -> _Kind:
@@ -142,6 +182,8 @@ class _ColumnState:
     outcomes: dict[int, TrialOutcome] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
     blocked: dict[int, str] = field(default_factory=dict)
+    capped: dict[int, str] = field(default_factory=dict)
+    """Met settings whose batch never filled (`batch_never_filled`): nothing larger in the column can help."""
 
     @property
     def lo(self) -> int:
@@ -162,6 +204,7 @@ class _ColumnState:
         bottom = self.bottom
         bounds = [i for i, k in self.kinds.items() if k is _Kind.VIOLATED and i > bottom]
         bounds += [i for i in self.blocked if i > bottom]
+        bounds += [i + 1 for i in self.capped if i >= bottom]
         return min(bounds, default=len(self.settings))
 
     def untried(self, i: int) -> bool:
@@ -225,6 +268,7 @@ class Adaptive(Strategy):
 
     def _columns(self, history: list[HistoryEntry], pending: frozenset[Setting]) -> list[_ColumnState]:
         states = []
+        capacity = self.objective.searches_capacity
         for key, settings in self.plan.columns().items():
             state = _ColumnState(key, settings)
             index = {s: i for i, s in enumerate(settings)}
@@ -232,6 +276,11 @@ class Adaptive(Strategy):
                 if setting in index:
                     state.kinds[index[setting]] = _classify(outcome, self.slo)
                     state.outcomes[index[setting]] = outcome
+                    never_filled = batch_never_filled(setting, outcome) if capacity else None
+                    if never_filled:
+                        state.capped[index[setting]] = never_filled
+                    else:
+                        state.capped.pop(index[setting], None)
             state.pending = {index[s] for s in pending if s in index}
             for i, setting in enumerate(settings):
                 reason = blocked_reason(setting, history)
@@ -378,10 +427,12 @@ class Adaptive(Strategy):
                     out.append(PrunedSetting(setting, Reason.DOMINATED, state.blocked[i]))
                 elif gate not in (None, "wait"):
                     out.append(PrunedSetting(setting, Reason.DOMINATED, gate))
-                elif i >= hi and hi in state.kinds:
+                elif i >= hi and state.kinds.get(hi) is _Kind.VIOLATED:
                     out.append(PrunedSetting(
                         setting, Reason.DOMINATED, f"dominated: {state.settings[hi].label()} already violated the SLO"
                     ))
+                elif i >= hi and hi - 1 in state.capped:
+                    out.append(PrunedSetting(setting, Reason.DOMINATED, f"dominated: {state.capped[hi - 1]}"))
                 elif i < state.floor:
                     out.append(PrunedSetting(
                         setting, Reason.DOMINATED, f"dominated: {state.settings[state.floor].label()} was too small "
