@@ -271,8 +271,11 @@ def test_a_huge_and_a_dripping_prometheus_neither_stall_a_rollback_nor_take_the_
         spec = batchtuning(namespace, server.url, name=name, target=f"idle-{name}",
                            apply={"mode": "Recommend"})
         kube.custom.create_namespaced_custom_object("batchtune.io", "v1alpha1", namespace, "batchtunings", spec)
-    # Production degrades during verify: far more concurrent users than the setting can serve.
-    flood = Traffic(kube, namespace, "app=llm", rate=50, max_tokens=64, concurrency=80, deadline_s=180)
+    # Production degrades during verify: far more concurrent users than the setting can serve. It lists the pods every
+    # 2 s (production's pod does not change before the rollback): listing before each of 50 requests a second held the
+    # GIL and the API server from this test's own poll, which saw the rollback 43 s in where status put it at 15 s.
+    flood = Traffic(kube, namespace, "app=llm", rate=50, max_tokens=64, concurrency=80, deadline_s=180,
+                    ips_every_s=2.0)
     flood.start()
     try:
         bt = wait_phase(kube, namespace, "tune", {"RolledBack", "Succeeded", "Failed"}, 60, operator)
