@@ -23,8 +23,16 @@ def _fresh_backoff():
     reset_backoff()
 
 
-def curve_steps(trial: dict) -> list[dict]:
-    return [s for s in trial.get("steps") or [] if s.get("purpose") == "Curve"]
+def curve_steps(trial: dict, status: dict | None = None) -> list[dict]:
+    """The trial's curve steps; with `status`, a running trial's too (they are in status.running, the open one with
+    its Job)."""
+    steps = trial.get("steps") or []
+    entry = next((r for r in (status or {}).get("running") or [] if r["index"] == trial.get("index")), None)
+    if entry is not None:
+        steps = [dict(s) for s in entry["steps"]]
+        if "open" in entry:
+            steps[entry["open"]["step"]].update({k: v for k, v in entry["open"].items() if k != "step"})
+    return [s for s in steps if s.get("purpose") == "Curve"]
 
 
 def decision(w: World) -> tuple:
@@ -125,7 +133,7 @@ def test_a_pod_lost_at_the_common_load_does_not_fail_the_measured_trial():
     for _ in range(200):
         w.tick()
         trial = (w.status.get("trials") or [{}])[0]
-        pending = [s for s in curve_steps(trial) if "verdict" not in s and s.get("job")]
+        pending = [s for s in curve_steps(trial, w.status) if "verdict" not in s and s.get("job")]
         if pending and pending[0]["job"] in w.jobs:
             break
     else:
@@ -147,7 +155,7 @@ def test_the_gpu_budget_running_out_during_the_curve_step_keeps_the_trial():
     for _ in range(200):
         w.tick()
         trial = (w.status.get("trials") or [{}])[0]
-        if any("verdict" not in s for s in curve_steps(trial)):
+        if any("verdict" not in s for s in curve_steps(trial, w.status)):
             break
     else:
         raise AssertionError("the curve step never started")

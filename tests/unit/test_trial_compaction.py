@@ -75,9 +75,12 @@ def test_a_finished_trial_is_compacted_and_a_running_one_keeps_every_step():
         if w.phase in TERMINAL:
             break
         w.tick(FAST_SCRAPES)
+        running = {r["index"]: r for r in w.status.get("running") or []}
         for trial in w.status.get("trials") or []:
             if trial["state"] not in ("Done", "Infeasible", "Failed"):
-                most_while_running = max(most_while_running, len(trial.get("steps") or []))
+                # On the wire a running trial's steps are its record in status.running, never on the trial.
+                assert "steps" not in trial
+                most_while_running = max(most_while_running, len(running.get(trial["index"], {}).get("steps") or []))
     assert w.phase == "Succeeded"
     assert most_while_running > KEPT_STEPS, "the search must take more steps than a finished trial keeps"
     (trial,) = w.status["trials"]

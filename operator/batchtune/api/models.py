@@ -25,10 +25,10 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    Strict,
     PlainSerializer,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    Strict,
     WithJsonSchema,
     model_serializer,
     model_validator,
@@ -1673,9 +1673,10 @@ class BatchTuningStatus(_Status):
             if trial is None or trial.finished:
                 errors.append((f"running[{i}].index", entry.index, "names no running trial in status.trials"))
                 continue
-            if entry.open is not None and entry.open.step >= len(entry.steps):
+            if entry.open is not None and (entry.open.step >= len(entry.steps)
+                                           or entry.steps[entry.open.step].verdict is not None):
                 errors.append((f"running[{i}].open.step", entry.open.step,
-                               f"is past the trial's {len(entry.steps)} steps"))
+                               f"names no open step (verdict unset) among the trial's {len(entry.steps)}"))
                 continue
             bookkeeping = entry.open.model_dump(exclude={"step"}) if entry.open is not None else {}
             opened = entry.open.step if entry.open is not None else None
