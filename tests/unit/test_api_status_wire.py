@@ -9,7 +9,7 @@ from typing import Any
 import api_crd
 import pytest
 
-from batchtune.api import InvalidBatchTuning, parse_spec, parse_status
+from batchtune.api import InvalidBatchTuning, parse_spec, parse_status, steps_on_the_wire
 from batchtune.api.models import (
     MAX_PARALLEL_TRIALS_LIMIT,
     MAX_STEPS_IN_STATUS,
@@ -161,3 +161,14 @@ def test_max_trials_above_what_status_keeps_is_refused_naming_the_field_and_valu
     errors = api_crd.schema_errors({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
                                     "metadata": {"name": "bt"}, "spec": _spec(maxTrials=MAX_TRIALS_LIMIT + 1)})
     assert [e.path for e in errors] == ["spec.strategy.maxTrials"]
+
+
+def test_a_wire_reader_finds_every_trials_steps_where_status_keeps_them() -> None:
+    # What scripts and integration tests read from the API server's copy (steps_on_the_wire).
+    status = BatchTuningStatus(trials=[TrialRecord.model_validate(_trial(0, "Done", steps=[_closed(8, 20.0)])),
+                                       _running_trial_in_memory()])
+    wire = status.to_wire()
+    assert steps_on_the_wire(wire, wire["trials"][0]) == wire["trials"][0]["steps"]
+    running = steps_on_the_wire(wire, wire["trials"][1])
+    assert [s["load"] for s in running] == [8, 32, 16] and running[2]["job"] == "bt-load-3-2-1-0"
+    assert [s.get("job") for s in running[:2]] == [None, None] and running[2]["results"][0]["metrics"] == {"itlMs": 41.0}

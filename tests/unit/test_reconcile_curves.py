@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from fake_world import LOCAL_PROMETHEUS, World, reset_backoff, world
 
+from batchtune.api import steps_on_the_wire
 from batchtune.controller.ports import Install
 
 TERMINAL = {"Succeeded", "Failed", "RolledBack", "Recommended"}
@@ -24,14 +25,8 @@ def _fresh_backoff():
 
 
 def curve_steps(trial: dict, status: dict | None = None) -> list[dict]:
-    """The trial's curve steps; with `status`, a running trial's too (they are in status.running, the open one with
-    its Job)."""
-    steps = trial.get("steps") or []
-    entry = next((r for r in (status or {}).get("running") or [] if r["index"] == trial.get("index")), None)
-    if entry is not None:
-        steps = [dict(s) for s in entry["steps"]]
-        if "open" in entry:
-            steps[entry["open"]["step"]].update({k: v for k, v in entry["open"].items() if k != "step"})
+    """The trial's curve steps; with `status`, a running trial's too (they are in status.running)."""
+    steps = steps_on_the_wire(status, trial) if status is not None else trial.get("steps") or []
     return [s for s in steps if s.get("purpose") == "Curve"]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from fake_world import LOCAL_PROMETHEUS, fresh_backoff, world  # noqa: F401  # the fixture, through pytestmark
 
+from batchtune.api import steps_on_the_wire
 from batchtune.controller.ports import Install
 from batchtune.core.protocol import StepResult
 from batchtune.core.trial_loop import KEPT_STEPS, Step, kept
@@ -75,12 +76,11 @@ def test_a_finished_trial_is_compacted_and_a_running_one_keeps_every_step():
         if w.phase in TERMINAL:
             break
         w.tick(FAST_SCRAPES)
-        running = {r["index"]: r for r in w.status.get("running") or []}
         for trial in w.status.get("trials") or []:
             if trial["state"] not in ("Done", "Infeasible", "Failed"):
                 # On the wire a running trial's steps are its record in status.running, never on the trial.
                 assert "steps" not in trial
-                most_while_running = max(most_while_running, len(running.get(trial["index"], {}).get("steps") or []))
+                most_while_running = max(most_while_running, len(steps_on_the_wire(w.status, trial)))
     assert w.phase == "Succeeded"
     assert most_while_running > KEPT_STEPS, "the search must take more steps than a finished trial keeps"
     (trial,) = w.status["trials"]

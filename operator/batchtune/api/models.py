@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -1717,6 +1717,20 @@ class BatchTuningStatus(_Status):
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+def steps_on_the_wire(status: Mapping[str, Any], trial: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A trial's load steps in a status as the API server holds it (camelCase dicts): a running trial's are its
+    record in status.running, the open one with its runs and Job; a finished trial's are on the trial."""
+    entry = next((r for r in status.get("running") or [] if isinstance(r, Mapping) and r.get("index") ==
+                  trial.get("index")), None)
+    if entry is None:
+        return [dict(s) for s in trial.get("steps") or []]
+    steps = [dict(s) for s in entry.get("steps") or []]
+    opened = entry.get("open") or {}
+    if isinstance(opened.get("step"), int) and 0 <= opened["step"] < len(steps):
+        steps[opened["step"]].update({k: v for k, v in opened.items() if k != "step"})
+    return steps
 
 
 # ---------------------------------------------------------------------------------------------
