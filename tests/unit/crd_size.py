@@ -102,13 +102,33 @@ def size(value: Any) -> int:
 
 
 if __name__ == "__main__":
-    # Where the bytes of the largest object go: `PYTHONPATH=operator python tests/unit/crd_size.py`.
-    import api_crd
+    # Where the bytes of the largest object go: `PYTHONPATH=operator:tests/unit python tests/unit/crd_size.py`.
+    import test_api_object_size
 
-    found: list[str] = []
-    schema = api_crd.openapi_schema()["properties"]
-    spec, status = _largest(schema["spec"], ".spec", found), _largest(schema["status"], ".status", found)
-    trial = dict(status["trials"][0], steps=[])
-    print(f"unbounded fields (counted empty): {len(found)}")
-    print(f"spec {size(spec)} B; status {size(status)} B, of which trials {size(status['trials'])} B "
-          f"({len(status['trials'])} x {size(status['trials'][0])} B; without steps {size(trial)} B each)")
+    obj = test_api_object_size.largest_object()
+    spec, status = obj["spec"], obj["status"]
+    trials, running = status["trials"], status["running"]
+    rest = {k: v for k, v in status.items() if k not in ("trials", "running")}
+    print(f"largest object {size(obj)} B (budget {test_api_object_size.OBJECT_BUDGET_BYTES}): metadata "
+          f"{size(obj['metadata'])} B (kopf's diff base: the spec again), spec {size(spec)} B, status {size(status)} B")
+    print(f"  trials {size(trials)} B: {len(trials)} x {size(trials[0])} B, of which its kept steps "
+          f"{len(trials[0]['steps'])} x {size(trials[0]['steps'][0])} B")
+    print(f"  running {size(running)} B: {len(running)} x {size(running[0])} B, of which steps "
+          f"{len(running[0]['steps'])} x {size(running[0]['steps'][0])} B and the open step's runs "
+          f"{len(running[0]['open']['results'])} x {size(running[0]['open']['results'][0])} B")
+    print(f"  the rest {size(rest)} B: " + ", ".join(f"{k} {size(v)}" for k, v in
+                                                    sorted(rest.items(), key=lambda kv: -size(kv[1])) if size(v) > 1000))
+    print(f"  a metric map at its widest: {size(trials[0]['metrics'])} B")
+    # What tighter bounds alone would give (the same object, its lists cut to them): still over the budget.
+    tight = json.loads(json.dumps(obj))
+    st = tight["status"]
+    st["trials"], st["pruned"] = st["trials"][:33], st["pruned"][:64]
+    st["running"] = [dict(r, steps=r["steps"][:10], open=dict(r["open"], results=r["open"]["results"][:5]))
+                     for r in st["running"][:9]]
+    for holder, key in ((st["baseline"], "args"), (st["recommendation"], "args"),
+                        *((c, k) for c in (st["recommendation"]["container"], st["applied"]["previous"],
+                                           st["applied"]["new"]) for k in ("command", "args"))):
+        holder[key] = [word[:256] for word in holder[key]]
+    maps = json.dumps(obj).count('"ttftMs"')
+    print(f"  metric maps: {maps}; with maxTrials 32, maxParallelTrials 8, repeats 5, 10 steps per running trial, "
+          f"64 pruned settings and command-line words of 256 characters: {size(tight)} B")
