@@ -134,6 +134,8 @@ def test_a_finished_trial_with_more_steps_than_the_crd_keeps_is_compacted_on_rea
 @pytest.mark.parametrize("running, field, value", [
     pytest.param([{"index": 9, "steps": [_closed(8, 20.0)]}], "status.running[0].index", "9", id="no-such-trial"),
     pytest.param([{"index": 0, "steps": [_closed(8, 20.0)]}], "status.running[0].index", "0", id="a-finished-trial"),
+    pytest.param([{"index": 1, "steps": [_closed(8, 20.0)]}, {"index": 1, "steps": []}], "status.running[1].index", "1",
+                 id="a-trial-named-twice"),
     pytest.param([{"index": 1, "steps": [_closed(8, 20.0)], "open": {"step": 1}}], "status.running[0].open.step", "1",
                  id="open-step-past-the-steps"),
     pytest.param([{"index": 1, "steps": [_closed(8, 20.0)], "open": {"step": 0}}], "status.running[0].open.step", "0",

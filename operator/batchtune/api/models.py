@@ -1102,8 +1102,6 @@ class RunBookkeeping(_Status):
     """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
 
 
-
-
 class OpenStepRecord(RunBookkeeping):
     """The one step a running trial is measuring: which, and its runs' bookkeeping."""
 
@@ -1123,7 +1121,7 @@ class RunningTrialRecord(_Status):
     index: Annotated[int, Field(ge=0, le=MAX_TRIAL_INDEX)]
     """The trial's index (status.trials[].index)."""
     steps: Annotated[list[StepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
-    """Its load steps so far, in order; the open one (verdict unset) last."""
+    """Its load steps so far, in order (the open one's verdict unset)."""
     open: OpenStepRecord | None = None
     """The open step's runs and Job; unset between steps."""
 
@@ -1668,11 +1666,14 @@ class BatchTuningStatus(_Status):
             return self
         trials = {t.index: t for t in self.trials}
         errors: list[tuple[str, Any, str]] = []
+        seen: set[int] = set()
         for i, entry in enumerate(self.running):
             trial = trials.get(entry.index)
-            if trial is None or trial.finished:
-                errors.append((f"running[{i}].index", entry.index, "names no running trial in status.trials"))
+            if trial is None or trial.finished or entry.index in seen:
+                errors.append((f"running[{i}].index", entry.index,
+                               "names no running trial in status.trials, or one an earlier record names"))
                 continue
+            seen.add(entry.index)
             if entry.open is not None and (entry.open.step >= len(entry.steps)
                                            or entry.steps[entry.open.step].verdict is not None):
                 errors.append((f"running[{i}].open.step", entry.open.step,
