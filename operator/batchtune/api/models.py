@@ -1105,7 +1105,7 @@ class RunBookkeeping(_Status):
 class OpenStepRecord(RunBookkeeping):
     """The one step a running trial is measuring: which, and its runs' bookkeeping."""
 
-    step: Annotated[int, Field(ge=0, lt=MAX_STEPS_IN_STATUS)]
+    step: Annotated[int, Field(ge=0, le=MAX_STEPS_IN_STATUS - 1)]
     """Index in the running trial's steps of the open step."""
 
 
