@@ -29,6 +29,7 @@ from operator_env import (
     wait_phase,
 )
 
+from batchtune.api import steps_on_the_wire
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.predict import Workload, predict
 
@@ -216,8 +217,9 @@ def test_no_decision_on_missing_prometheus_data(kube, namespace, operator, prome
 
     def load_running():
         bt = get_bt(kube, namespace, "tune")
-        trials = (bt.get("status") or {}).get("trials") or []
-        return trials and any(s.get("job") for s in trials[0].get("steps") or [])
+        status = bt.get("status") or {}
+        trials = status.get("trials") or []
+        return trials and any(s.get("job") for s in steps_on_the_wire(status, trials[0]))
     wait_for(load_running, timeout=120, interval=0.5, what="a load step started")
     os.kill(prom_pid, signal.SIGSTOP)  # Prometheus stops answering and scraping
     try:

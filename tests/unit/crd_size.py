@@ -20,6 +20,12 @@ WIDEST_NUMBER = -2.2250738585072014e-308
 """A finite float whose JSON spelling is the longest (24 characters)."""
 WIDEST_INT = -9223372036854775808
 """int64's widest spelling, for an integer without a bound."""
+READABLE_NUMBER = 2.2250738585072014e-308
+"""The widest finite float above zero (23 characters): what a field the models bound below by 0 can hold."""
+READABLE_INT = 9223372036854775807
+"""int64's widest spelling at or above zero."""
+READABLE_DATE_TIME = "2026-12-02T15:40:40.123456Z"
+"""The longest RFC 3339 time the models write (they read longer spellings, and write them so)."""
 
 
 class Unbounded(AssertionError):
@@ -30,16 +36,20 @@ class Unbounded(AssertionError):
         self.paths = paths
 
 
-def largest(node: dict[str, Any], path: str = "") -> Any:
-    """The largest value the schema node admits; raises `Unbounded` naming every unbounded node under it."""
+def largest(node: dict[str, Any], path: str = "", readable: bool = False) -> Any:
+    """The largest value the schema node admits; raises `Unbounded` naming every unbounded node under it.
+
+    `readable`: the largest value the models also read, as far as single fields go: a time is a time, a reason code
+    starts with a capital letter, a number or an integer bounded below by 0 is not negative (rules across fields are
+    the caller's to satisfy)."""
     problems: list[str] = []
-    value = _largest(node, path or ".", problems)
+    value = _largest(node, path or ".", problems, readable)
     if problems:
         raise Unbounded(problems)
     return value
 
 
-def _largest(node: dict[str, Any], path: str, problems: list[str]) -> Any:  # noqa: C901
+def _largest(node: dict[str, Any], path: str, problems: list[str], readable: bool = False) -> Any:  # noqa: C901
     if node.get("x-kubernetes-preserve-unknown-fields"):
         problems.append(f"{path}: x-kubernetes-preserve-unknown-fields (any content)")
         return {}
@@ -55,26 +65,30 @@ def _largest(node: dict[str, Any], path: str, problems: list[str]) -> Any:  # no
             # A structural schema cannot bound a map's keys (no propertyNames): its size has no maximum.
             problems.append(f"{path}: an open map (additionalProperties); use fixed properties")
         for name, sub in (node.get("properties") or {}).items():
-            out[name] = _largest(sub, f"{path}.{name}" if path != "." else f".{name}", problems)
+            out[name] = _largest(sub, f"{path}.{name}" if path != "." else f".{name}", problems, readable)
         return out
     if kind == "array":
         if "maxItems" not in node:
             problems.append(f"{path}: a list without maxItems")
             return []
-        item = _largest(node.get("items") or {}, f"{path}[]", problems)
+        item = _largest(node.get("items") or {}, f"{path}[]", problems, readable)
         return [item] * int(node["maxItems"])
     if kind == "string":
         if "maxLength" not in node:
             problems.append(f"{path}: a string without maxLength")
             return ""
+        if readable and node.get("format") == "date-time":
+            return READABLE_DATE_TIME
+        if readable and node.get("pattern") == "^[A-Z][A-Za-z0-9]*$":
+            return "R" + "x" * (int(node["maxLength"]) - 1)
         return "x" * int(node["maxLength"])
     if kind == "integer":
         bounds = [b for b in (node.get("maximum"), node.get("minimum")) if b is not None]
         if len(bounds) < 2:
-            return WIDEST_INT
+            return READABLE_INT if readable else WIDEST_INT
         return max((int(b) for b in bounds), key=lambda b: len(str(b)))
     if kind == "number":
-        return WIDEST_NUMBER
+        return READABLE_NUMBER if readable else WIDEST_NUMBER
     if kind == "boolean":
         return False
     problems.append(f"{path}: no type")
@@ -88,13 +102,33 @@ def size(value: Any) -> int:
 
 
 if __name__ == "__main__":
-    # Where the bytes of the largest object go: `PYTHONPATH=operator python tests/unit/crd_size.py`.
-    import api_crd
+    # Where the bytes of the largest object go: `PYTHONPATH=operator:tests/unit python tests/unit/crd_size.py`.
+    import test_api_object_size
 
-    found: list[str] = []
-    schema = api_crd.openapi_schema()["properties"]
-    spec, status = _largest(schema["spec"], ".spec", found), _largest(schema["status"], ".status", found)
-    trial = dict(status["trials"][0], steps=[])
-    print(f"unbounded fields (counted empty): {len(found)}")
-    print(f"spec {size(spec)} B; status {size(status)} B, of which trials {size(status['trials'])} B "
-          f"({len(status['trials'])} x {size(status['trials'][0])} B; without steps {size(trial)} B each)")
+    obj = test_api_object_size.largest_object()
+    spec, status = obj["spec"], obj["status"]
+    trials, running = status["trials"], status["running"]
+    rest = {k: v for k, v in status.items() if k not in ("trials", "running")}
+    print(f"largest object {size(obj)} B (budget {test_api_object_size.OBJECT_BUDGET_BYTES}): metadata "
+          f"{size(obj['metadata'])} B (kopf's diff base: the spec again), spec {size(spec)} B, status {size(status)} B")
+    print(f"  trials {size(trials)} B: {len(trials)} x {size(trials[0])} B, of which its kept steps "
+          f"{len(trials[0]['steps'])} x {size(trials[0]['steps'][0])} B")
+    print(f"  running {size(running)} B: {len(running)} x {size(running[0])} B, of which steps "
+          f"{len(running[0]['steps'])} x {size(running[0]['steps'][0])} B and the open step's runs "
+          f"{len(running[0]['open']['results'])} x {size(running[0]['open']['results'][0])} B")
+    print(f"  the rest {size(rest)} B: " + ", ".join(f"{k} {size(v)}" for k, v in
+                                                    sorted(rest.items(), key=lambda kv: -size(kv[1])) if size(v) > 1000))
+    print(f"  a metric map at its widest: {size(trials[0]['metrics'])} B")
+    # What tighter bounds alone would give (the same object, its lists cut to them): still over the budget.
+    tight = json.loads(json.dumps(obj))
+    st = tight["status"]
+    st["trials"], st["pruned"] = st["trials"][:33], st["pruned"][:64]
+    st["running"] = [dict(r, steps=r["steps"][:10], open=dict(r["open"], results=r["open"]["results"][:5]))
+                     for r in st["running"][:9]]
+    for holder, key in ((st["baseline"], "args"), (st["recommendation"], "args"),
+                        *((c, k) for c in (st["recommendation"]["container"], st["applied"]["previous"],
+                                           st["applied"]["new"]) for k in ("command", "args"))):
+        holder[key] = [word[:256] for word in holder[key]]
+    maps = json.dumps(obj).count('"ttftMs"')
+    print(f"  metric maps: {maps}; with maxTrials 32, maxParallelTrials 8, repeats 5, 10 steps per running trial, "
+          f"64 pruned settings and command-line words of 256 characters: {size(tight)} B")

@@ -51,7 +51,9 @@ def _flatten(node: dict[str, Any], path: str, out: dict[str, dict[str, Any]]) ->
 
 
 def _model_facts(model: type, root: str) -> dict[str, dict[str, Any]]:
-    schema = model.model_json_schema(by_alias=True, mode="validation")
+    # Status as the operator writes it (the CRD's status is generated from that); a tick's typed status reads more
+    # (a running trial's steps back on the trial, test_api_status_wire.py).
+    schema = model.model_json_schema(by_alias=True, mode="validation" if root == "spec" else "serialization")
     return _flatten(_resolve(schema, schema.pop("$defs", {})), root, {})
 
 

@@ -40,7 +40,7 @@ from batchtune.api import (
 from batchtune.api.models import camel
 from batchtune.core import Setting as CoreSetting
 from batchtune.core import vocabulary
-from batchtune.core.vocabulary import LATENCY_METRICS
+from batchtune.core.vocabulary import LATENCY_METRICS, Verdict
 
 SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 
@@ -300,8 +300,14 @@ def full_status() -> dict[str, Any]:
         "trials": [{"index": 0, "name": "bt-trial-0", "setting": setting, "state": "Done", "reason": "Measured",
                     "startedAt": "2025-01-02T03:00:00Z", "finishedAt": "2025-01-02T03:04:00Z",
                     "metrics": {"itlMs": 31.5, "outputThroughput": 2400.0}, "verdict": "Met", "verdictReason": "all met",
-                    "steps": [{"load": 32, "results": [{"metrics": {"itlMs": 31.5}, "crossCheck": "itlMs: apart"}],
-                               "metrics": {"itlMs": 31.5}, "verdict": "Met", "margin": 0.2}]}],
+                    "steps": [{"load": 32, "metrics": {"itlMs": 31.5}, "verdict": "Met", "margin": 0.2}]},
+                   {"index": 1, "name": "bt-trial-1", "setting": {**setting, "maxNumSeqs": 128}, "state": "Measuring",
+                    "startedAt": "2025-01-02T03:05:00Z"}],
+        # A running trial's steps, apart on the wire: every step so far, and the open one's runs and Job.
+        "running": [{"index": 1, "steps": [{"load": 32, "metrics": {"itlMs": 40.5}, "verdict": "Met", "margin": 0.1},
+                                           {"load": 64}],
+                     "open": {"step": 1, "repeat": 1, "job": "bt-load-1-1-1",
+                              "results": [{"metrics": {"itlMs": 31.5}, "crossCheck": "itlMs: apart"}]}}],
         "bestTrial": "bt-trial-0", "bestSetting": "seqs=64 gmu=90%",
         "knee": {"maxNumSeqs": 64, "reason": "gain per doubling below 5%"},
         "recommendation": {"setting": setting, "args": ["--max-num-seqs", "64"], "reason": "best", "replicasHint": 2},
@@ -316,9 +322,13 @@ def test_status_round_trips_through_its_wire_form() -> None:
     assert status.trials[0].started_at == datetime(2025, 1, 2, 3, 0, tzinfo=UTC)
     assert status.condition("Progressing").reason == "TrialRunning"
     assert status.trials[0].reason == Reason.MEASURED and status.pruned[0].reason == Reason.DOES_NOT_FIT_MEMORY
-    assert status.trials[0].steps[0].results[0].metrics == {"itlMs": 31.5}
+    assert status.trials[1].steps[1].results[0].metrics == {"itlMs": 31.5}
+    assert status.trials[1].steps[1].job == "bt-load-1-1-1" and status.trials[1].steps[0].verdict is Verdict.MET
     assert status.applied.previous.args == ["a"] and status.applied.new.args == ["b"]
     assert parse_status(status.to_wire()) == status
+    wire = status.to_wire()
+    assert "steps" not in wire["trials"][1] and wire["running"][0]["open"]["step"] == 1
+    assert wire["running"][0]["open"]["results"] == full_status()["running"][0]["open"]["results"]
     assert status.to_wire()["trials"][0]["startedAt"] == "2025-01-02T03:00:00Z"
 
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from fake_world import LOCAL_PROMETHEUS, World, reset_backoff, world
 
+from batchtune.api import steps_on_the_wire
 from batchtune.controller.ports import Install
 
 TERMINAL = {"Succeeded", "Failed", "RolledBack", "Recommended"}
@@ -23,8 +24,10 @@ def _fresh_backoff():
     reset_backoff()
 
 
-def curve_steps(trial: dict) -> list[dict]:
-    return [s for s in trial.get("steps") or [] if s.get("purpose") == "Curve"]
+def curve_steps(trial: dict, status: dict | None = None) -> list[dict]:
+    """The trial's curve steps; with `status`, a running trial's too (they are in status.running)."""
+    steps = steps_on_the_wire(status, trial) if status is not None else trial.get("steps") or []
+    return [s for s in steps if s.get("purpose") == "Curve"]
 
 
 def decision(w: World) -> tuple:
@@ -125,7 +128,7 @@ def test_a_pod_lost_at_the_common_load_does_not_fail_the_measured_trial():
     for _ in range(200):
         w.tick()
         trial = (w.status.get("trials") or [{}])[0]
-        pending = [s for s in curve_steps(trial) if "verdict" not in s and s.get("job")]
+        pending = [s for s in curve_steps(trial, w.status) if "verdict" not in s and s.get("job")]
         if pending and pending[0]["job"] in w.jobs:
             break
     else:
@@ -147,7 +150,7 @@ def test_the_gpu_budget_running_out_during_the_curve_step_keeps_the_trial():
     for _ in range(200):
         w.tick()
         trial = (w.status.get("trials") or [{}])[0]
-        if any("verdict" not in s for s in curve_steps(trial)):
+        if any("verdict" not in s for s in curve_steps(trial, w.status)):
             break
     else:
         raise AssertionError("the curve step never started")

@@ -12,7 +12,17 @@ from html.parser import HTMLParser
 import pytest
 from fake_world import World, production_target, reset_backoff, spec
 
-from batchtune.api.models import Condition, ContainerArgs, Knee, PrunedSetting, Setting, TrialPrediction, WorkloadRecord
+from batchtune.api.models import (
+    MAX_TRIALS_IN_STATUS,
+    Condition,
+    ContainerArgs,
+    Knee,
+    PrunedSetting,
+    Setting,
+    TrialPrediction,
+    WorkloadRecord,
+)
+from batchtune.controller import reports
 from batchtune.controller.reports import CONFIGMAP_BUDGET_BYTES, configmap
 from batchtune.report import Tuning, curve_picture, curves_png
 from batchtune.report_html import CSP, html_report, predictions
@@ -269,22 +279,33 @@ def test_the_memory_prefilter_is_held_against_what_the_trials_found():
     assert "did not fit: KvCacheTooSmall" in text and "KV cache holds 301 sequences" in text
 
 
-def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte():
+@pytest.mark.parametrize("budget", [
+    pytest.param(None, id="the-real-budget"),
+    # Status is bounded (at most MAX_TRIALS_IN_STATUS trials, issue 22), so its largest report fits the real budget
+    # before the last stages; a smaller budget makes the same status go through every stage.
+    pytest.param(100_000, id="a-budget-that-reaches-every-stage"),
+])
+def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte(monkeypatch, budget):
     bt = tuned()
     png = curves_png(typed(bt))
     body = configmap("inference", "tune", "uid-1", bt["spec"], bt["status"], png)
     page = body["data"]["report.html"]
     assert base64.b64encode(png).decode() in page and body["binaryData"]["curves.png"]
+    sizes = [*range(1, 8), *range(8, MAX_TRIALS_IN_STATUS, 8), MAX_TRIALS_IN_STATUS]
+    if budget is not None:
+        monkeypatch.setattr(reports, "CONFIGMAP_BUDGET_BYTES", budget)
+        png, sizes = png[:20_000], list(range(1, MAX_TRIALS_IN_STATUS + 1))  # a 20 kB image, every trial count
     # A status as large as status can be: the least needed goes first, and the ConfigMap never breaks.
     big = copy.deepcopy(bt["status"])
-    big["trials"] = [dict(copy.deepcopy(bt["status"]["trials"][i % 4]), name=f"tune-trial-{i}", message="m" * 2000,
-                          verdictReason="v" * 500) for i in range(256)]  # each text at its status bound
+    big["trials"] = [dict(copy.deepcopy(bt["status"]["trials"][i % 4]), index=i, name=f"tune-trial-{i}",
+                          message="m" * 2000, verdictReason="v" * 500)
+                     for i in range(MAX_TRIALS_IN_STATUS)]  # each text at its status bound (or cut to it)
     shed = []
-    for size in range(8, 257, 8):
+    for size in sizes:
         body = configmap("inference", "tune", "uid-1", bt["spec"], dict(big, trials=big["trials"][:size]), png)
         total = sum(len(k) + len(v.encode()) for k, v in body["data"].items()) + \
             sum(len(k) + len(base64.b64decode(v)) for k, v in (body.get("binaryData") or {}).items())
-        assert total <= CONFIGMAP_BUDGET_BYTES < 1_048_576, size
+        assert total <= reports.CONFIGMAP_BUDGET_BYTES <= CONFIGMAP_BUDGET_BYTES < 1_048_576, size
         page = body["data"].get("report.html", "")
         json_ = json.loads(body["data"]["trials.json"])
         # In shedding order: trials.json's indentation, its steps, the page's image, the page, curves.png, trials.
@@ -295,7 +316,10 @@ def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte():
         if page and "data:image/png" not in page:
             assert "it is curves.png beside it" in page
         shed.append(k)
-    assert shed == sorted(shed) and set(range(6)) <= set(shed), shed  # every stage reached, in order
+    if budget is None:
+        assert shed == sorted(shed) and "trials" in json_, shed  # the largest status keeps its trials in the report
+    else:
+        assert shed == sorted(shed) and set(range(6)) <= set(shed), shed  # every stage reached, in order
 
 
 def test_the_twins_calibration_verdict_and_what_the_search_did_with_it():

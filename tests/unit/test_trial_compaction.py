@@ -8,9 +8,11 @@ per-run bookkeeping, and the bench's search learns from those same steps.
 
 from __future__ import annotations
 
+import api_crd
 import pytest
 from fake_world import LOCAL_PROMETHEUS, fresh_backoff, world  # noqa: F401  # the fixture, through pytestmark
 
+from batchtune.api import steps_on_the_wire
 from batchtune.controller.ports import Install
 from batchtune.core.protocol import StepResult
 from batchtune.core.trial_loop import KEPT_STEPS, Step, kept
@@ -77,7 +79,9 @@ def test_a_finished_trial_is_compacted_and_a_running_one_keeps_every_step():
         w.tick(FAST_SCRAPES)
         for trial in w.status.get("trials") or []:
             if trial["state"] not in ("Done", "Infeasible", "Failed"):
-                most_while_running = max(most_while_running, len(trial.get("steps") or []))
+                # On the wire a running trial's steps are its record in status.running, never on the trial.
+                assert "steps" not in trial
+                most_while_running = max(most_while_running, len(steps_on_the_wire(w.status, trial)))
     assert w.phase == "Succeeded"
     assert most_while_running > KEPT_STEPS, "the search must take more steps than a finished trial keeps"
     (trial,) = w.status["trials"]
@@ -89,3 +93,29 @@ def test_a_finished_trial_is_compacted_and_a_running_one_keeps_every_step():
     assert capacity and capacity[-1]["verdict"] == "Met"
     # The recommendation and the report still read what they need from the compacted trial.
     assert w.status["recommendation"]["setting"] == trial["setting"]
+
+
+def test_every_status_a_parallel_tuning_writes_is_one_the_crd_admits_and_the_choice_keeps_its_evidence():
+    # Three trials at once, two repeats a step: at every tick the status written (what a restart resumes from) has
+    # the running trials' steps in status.running, the open step's runs with them, and passes the CRD's schema.
+    w = world(searchSpace={"maxNumSeqs": {"values": [8, 16, 32, 64, 128, 256]}},
+              strategy={"type": "Grid", "maxTrials": 6, "maxParallelTrials": 3}, trial={"repeats": 2})
+    opened_with_runs = most_running = 0
+    for _ in range(600):
+        if w.phase in TERMINAL:
+            break
+        w.tick(FAST_SCRAPES)
+        obj = {"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning", "metadata": {"name": w.name},
+               "spec": w.bt_spec, "status": w.status}
+        assert [e for e in api_crd.schema_errors(obj) if e.path.startswith("status")] == []
+        running = w.status.get("running") or []
+        most_running = max(most_running, len(running))
+        opened_with_runs += sum(1 for r in running if (r.get("open") or {}).get("results"))
+        assert all(len(t.get("steps") or []) <= KEPT_STEPS for t in w.status.get("trials") or [])
+    assert w.phase == "Succeeded"
+    assert most_running == 3 and opened_with_runs > 0 and "running" not in w.status
+    best = next(t for t in w.status["trials"] if t["name"] == w.status["bestTrial"])
+    # The decision's evidence is in status: the chosen trial's figures, verdict and kept steps, its capacity among them.
+    assert best["verdict"] == "Met" and best["metrics"]["sloCapacity"] > 0 and best["steps"]
+    assert best["metrics"]["sloCapacityLoad"] in [s["load"] for s in best["steps"] if s.get("purpose") != "Curve"]
+    assert w.status["recommendation"]["setting"] == best["setting"]

@@ -94,13 +94,14 @@ from batchtune.api.models import (
     VllmLabels,
     WorkloadRecord,
     camel,
+    steps_on_the_wire,
 )
 from batchtune.core.verify import InconclusivePolicy
 from batchtune.core.vocabulary import ConditionType, Phase, Reason, StepPurpose, TrialState, Verdict
 
 __all__ = [
     "API_GROUP", "API_VERSION", "API_VERSION_FULL", "KIND", "PLURAL", "MISSING", "MAX_PRUNED_IN_STATUS",
-    "MAX_TRIAL_INDEX",
+    "MAX_TRIAL_INDEX", "steps_on_the_wire",
     "ApplyMode", "ApplySpec", "AppliedRecord", "Baseline", "BatchTuning", "BatchTuningSpec",
     "BatchTuningStatus", "Condition", "ContainerArgs", "EngineLimitsRecord", "LoadStepRecord", "PlanRecord",
     "ScrapeIntervalRecord",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -25,8 +25,12 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
     Strict,
     WithJsonSchema,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -46,6 +50,7 @@ from batchtune.core.recommend import ContainerArgs as CoreContainerArgs
 from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import PERCENTILES, SloTargets
+from batchtune.core.trial_loop import KEPT_STEPS
 from batchtune.core.verify import InconclusivePolicy
 from batchtune.core.vocabulary import M, Phase, StepPurpose, TrialState, Verdict
 from batchtune.core.warmup import WarmupMode
@@ -179,6 +184,9 @@ Line = Annotated[str, BeforeValidator(_cut(500)), Field(max_length=500)]
 """One line of explanation."""
 Paragraph = Annotated[str, BeforeValidator(_cut(2000)), Field(max_length=2000)]
 """A message."""
+NOTE_LENGTH = 200
+Note = Annotated[str, BeforeValidator(_cut(NOTE_LENGTH)), Field(max_length=NOTE_LENGTH)]
+"""A short note that status keeps many of (one per load step or run): a verdict's reason, a cross-check."""
 Url = Annotated[str, BeforeValidator(_cut(2048)), Field(max_length=2048)]
 """A URL (spec's URLs are at most 2048 characters)."""
 Patch = Annotated[str, BeforeValidator(_cut(16384)), Field(max_length=16384)]
@@ -205,7 +213,9 @@ EXTRA_ARG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[!-#%-~]+)?$")
 
 MAX_NUM_SEQS_LIMIT = 65536
 MAX_NUM_BATCHED_TOKENS_LIMIT = 16_777_216
-MAX_TRIALS_LIMIT = 256
+MAX_TRIALS_LIMIT = 64
+"""spec.strategy.maxTrials: status keeps every trial of a tuning (issue 22: the trials are most of the largest object)."""
+MAX_PARALLEL_TRIALS_LIMIT = 16
 MAX_TRIAL_INDEX = 2_147_483_647
 """Trial indexes (and the counter) stay int32: a forged counter past it is unreadable status, not an API error."""
 MAX_TRIALS_IN_STATUS = MAX_TRIALS_LIMIT + 1
@@ -216,6 +226,8 @@ MAX_STEPS_IN_STATUS = 16
 MAX_REPEATS = 10
 """spec.trial.repeats: the results a step keeps."""
 MAX_PRUNED_IN_STATUS = 200
+MAX_RUNNING_IN_STATUS = MAX_PARALLEL_TRIALS_LIMIT + 1
+"""Running trials: spec.strategy.maxParallelTrials, plus a retune round's trial 0."""
 
 
 def _no_duplicates(items: list[T]) -> list[T]:
@@ -425,7 +437,7 @@ class StrategySpec(_Spec):
     twin calibrated on real trials searches every candidate; its best are confirmed on real trials)."""
     max_trials: Annotated[Int, Field(ge=1, le=MAX_TRIALS_LIMIT)] = 12
     """Most trials run (repeats of one setting count once)."""
-    max_parallel_trials: Annotated[Int, Field(ge=1, le=16)] = 1
+    max_parallel_trials: Annotated[Int, Field(ge=1, le=MAX_PARALLEL_TRIALS_LIMIT)] = 1
     """Most trials that run at the same time (each holds the target's GPUs)."""
     seed: Annotated[Int, Field(ge=0, le=2_147_483_647)] = 0
     """Seed of every random choice, so the same history gives the same next trial."""
@@ -1045,43 +1057,73 @@ class RunRecord(_Status):
 
     metrics: Metrics = Field(default_factory=dict)
     """What the run measured (latencies at the SLO percentile, in milliseconds)."""
-    cross_check: Line | None = None
+    cross_check: Note | None = None
     """Where Prometheus and the load generator disagreed."""
 
 
-class LoadStepRecord(_Status):
-    """One load level."""
+class StepRecord(_Status):
+    """One load level as status keeps it once closed (and a running trial's steps on the wire): its window and its
+    judged result, without the bookkeeping of its runs."""
 
     load: Annotated[int, Field(ge=1)]
     """Closed-loop concurrency, or open-loop requests per minute."""
-    repeat: Annotated[int, Field(ge=0)] = 0
-    """Repeat in progress, from 0."""
-    attempt: Annotated[int, Field(ge=0)] = 0
-    """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
     measure_seconds: Annotated[int, Field(ge=1)] | None = None
     """This step's measurement window when it is not spec.trial.measureSeconds: a bracketing step's, or runs
     lengthened (too few requests)."""
     lengthened: Annotated[int, Field(ge=0)] = 0
     """How many of the attempts were lengthened runs rather than failed ones."""
-    job: Name | None = None
-    """Name of the current load-generator Job."""
-    results: Annotated[list[RunRecord], Field(max_length=MAX_REPEATS)] = Field(default_factory=list)
-    """Per-repeat measurements, kept until the step is closed."""
     metrics: Metrics | None = None
     """The step's metrics (worst case over repeats)."""
     verdict: Verdict | None = None
     """Met, Violated or Unknown against the SLO at this load; unset while the step runs."""
-    verdict_reason: Line | None = None
+    verdict_reason: Note | None = None
     """Why, target by target."""
     margin: float | None = None
     """Worst relative margin under the SLO limits (negative when exceeded; unset when not measured)."""
-    cross_check: Line | None = None
+    cross_check: Note | None = None
     """Where Prometheus and the load generator's own numbers disagree."""
-    unavailable_since: Timestamp | None = None
-    """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
     purpose: StepPurpose | None = None
     """Curve: the extra step at the common curve load (status.plan.curveLoad), for the report only, never
     part of the trial's verdict; Bracket: a short step of the search; unset: a full-window step of the search."""
+
+
+class RunBookkeeping(_Status):
+    """The bookkeeping of a step while it is open: its runs so far and its Job (dropped once it closes)."""
+
+    repeat: Annotated[int, Field(ge=0)] = 0
+    """Repeat in progress, from 0."""
+    attempt: Annotated[int, Field(ge=0)] = 0
+    """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
+    job: Name | None = None
+    """Name of the current load-generator Job."""
+    results: Annotated[list[RunRecord], Field(max_length=MAX_REPEATS)] = Field(default_factory=list)
+    """Per-repeat measurements, kept until the step is closed."""
+    unavailable_since: Timestamp | None = None
+    """When Prometheus first failed to give this step's run (the trial fails past a deadline)."""
+
+
+class OpenStepRecord(RunBookkeeping):
+    """The one step a running trial is measuring: which, and its runs' bookkeeping."""
+
+    step: Annotated[int, Field(ge=0, le=MAX_STEPS_IN_STATUS - 1)]
+    """Index in the running trial's steps of the open step."""
+
+
+class LoadStepRecord(StepRecord, RunBookkeeping):
+    """One load level as a tick works on it: the kept record and, while it is open, its runs' bookkeeping (on the
+    wire, the bookkeeping is the running trial's `open`, status.running[])."""
+
+
+class RunningTrialRecord(_Status):
+    """A running trial's load steps on the wire: every step its search needs while it runs (a finished trial keeps
+    at most KEPT_STEPS of them in status.trials[].steps)."""
+
+    index: Annotated[int, Field(ge=0, le=MAX_TRIAL_INDEX)]
+    """The trial's index (status.trials[].index)."""
+    steps: Annotated[list[StepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
+    """Its load steps so far, in order (the open one's verdict unset)."""
+    open: OpenStepRecord | None = None
+    """The open step's runs and Job; unset between steps."""
 
 
 class TrialPrediction(_Status):
@@ -1101,6 +1143,16 @@ class TrialPrediction(_Status):
     """The figure furthest from its prediction, relative to its tolerance."""
 
 
+def _kept_steps(steps: list[LoadStepRecord]) -> list[StepRecord]:
+    return [StepRecord.model_validate(step.model_dump(exclude=set(RunBookkeeping.model_fields))) for step in steps]
+
+
+KeptSteps = Annotated[list[StepRecord], Field(max_length=KEPT_STEPS)]
+"""On the wire a trial's own steps are a finished trial's kept ones (`trial_loop.KEPT_STEPS`, without the runs'
+bookkeeping): the CRD says so, so the largest status is bounded by the finished trials' few steps and the running
+trials' many (status.running, at most spec.strategy.maxParallelTrials of them)."""
+
+
 class TrialRecord(_Status):
     """One trial: a setting, its progress and what it measured."""
 
@@ -1114,7 +1166,7 @@ class TrialRecord(_Status):
     """Pending, Deploying, Warming, Measuring, Done, Infeasible or Failed."""
     reason: ReasonCode | None = None
     """Why the trial is in its state (e.g. OOMKilled, KvCacheTooSmall, Measured; docs/troubleshooting.md)."""
-    message: Paragraph | None = None
+    message: Line | None = None
     """Human-readable detail."""
     gpus: Annotated[int, Field(ge=0)] = 0
     """GPUs the trial pod holds."""
@@ -1134,10 +1186,11 @@ class TrialRecord(_Status):
     """Port the engine serves on in the trial pod."""
     ready_at: Timestamp | None = None
     """When the trial pod became ready."""
-    steps: Annotated[list[LoadStepRecord], Field(max_length=MAX_STEPS_IN_STATUS)] = Field(default_factory=list)
-    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats): every step while the
-    trial runs; once it is finished at most 4 closed ones (its curve point, its capacity step, its first or the one
-    at the twin's prediction, where the SLO broke), without Jobs or run records."""
+    steps: Annotated[list[LoadStepRecord], Field(max_length=MAX_STEPS_IN_STATUS),
+                     PlainSerializer(_kept_steps, return_type=KeptSteps)] = Field(default_factory=list)
+    """Load runs of this trial (one per load level of the SLO-capacity search, with repeats). On the wire: a finished
+    trial's at most 4 closed ones (its curve point, its capacity step, its first or the one at the twin's prediction,
+    where the SLO broke); a running trial's are in status.running (here: none)."""
     current: bool | None = None
     """Production's own command line, as it runs, measured as a retune round's trial 0 (the setting is read
     from it, the engine's defaults filled in)."""
@@ -1577,6 +1630,9 @@ class BatchTuningStatus(_Status):
     """Settings never tried, and why."""
     trials: Annotated[list[TrialRecord], Field(max_length=MAX_TRIALS_IN_STATUS)] = Field(default_factory=list)
     """Every trial started, in order."""
+    running: Annotated[list[RunningTrialRecord], Field(max_length=MAX_RUNNING_IN_STATUS)] = Field(default_factory=list)
+    """The load steps of the running trials, one record each (on the wire only: reading status puts them back on
+    their trials, and writing it takes them from there)."""
     best_trial: Name | None = None
     """Name of the best trial."""
     best_setting: Line | None = None
@@ -1603,9 +1659,79 @@ class BatchTuningStatus(_Status):
     twin: TwinRecord | None = None
     """The calibrated twin guiding the search (strategy TwinGuided)."""
 
+    @model_validator(mode="after")
+    def _running_steps_onto_trials(self) -> BatchTuningStatus:
+        """The wire's running records back onto their trials, as a tick works on them."""
+        if not self.running:
+            return self
+        trials = {t.index: t for t in self.trials}
+        errors: list[tuple[str, Any, str]] = []
+        seen: set[int] = set()
+        for i, entry in enumerate(self.running):
+            trial = trials.get(entry.index)
+            if trial is None or trial.finished or entry.index in seen:
+                errors.append((f"running[{i}].index", entry.index,
+                               "names no running trial in status.trials, or one an earlier record names"))
+                continue
+            seen.add(entry.index)
+            if entry.open is not None and (entry.open.step >= len(entry.steps)
+                                           or entry.steps[entry.open.step].verdict is not None):
+                errors.append((f"running[{i}].open.step", entry.open.step,
+                               f"names no open step (verdict unset) among the trial's {len(entry.steps)}"))
+                continue
+            bookkeeping = entry.open.model_dump(exclude={"step"}) if entry.open is not None else {}
+            opened = entry.open.step if entry.open is not None else None
+            trial.steps = [LoadStepRecord.model_validate({**step.model_dump(), **(bookkeeping if n == opened else {})})
+                           for n, step in enumerate(entry.steps)]
+        _cross_field(errors)
+        self.running = []
+        return self
+
+    @model_serializer(mode="wrap")
+    def _running_steps_apart(self, handler: SerializerFunctionWrapHandler,  # type: ignore[no-untyped-def]
+                             info: SerializationInfo):
+        """On the wire a running trial's steps are a record of their own (status.running) and a finished trial keeps
+        its few closed ones: so the CRD bounds the many steps of the few running trials apart from the few of the
+        many finished ones."""
+        data: dict[str, Any] = handler(self)
+        running = []
+        options: dict[str, Any] = {"mode": info.mode, "by_alias": info.by_alias, "exclude_none": info.exclude_none}
+        for trial, wire in zip(self.trials, data.get("trials") or [], strict=True):
+            if trial.finished:
+                continue
+            steps = wire.pop("steps", [])
+            if not steps:
+                continue
+            entry: dict[str, Any] = {"index": trial.index, "steps": steps}
+            opened = next((i for i, step in enumerate(trial.steps) if step.verdict is None), None)
+            if opened is not None:
+                entry["open"] = OpenStepRecord.model_validate(
+                    {"step": opened, **trial.steps[opened].model_dump(include=set(RunBookkeeping.model_fields))}
+                ).model_dump(**options)
+            running.append(entry)
+        if running:
+            data["running"] = running
+        else:
+            data.pop("running", None)
+        return data
+
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if set."""
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+def steps_on_the_wire(status: Mapping[str, Any], trial: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A trial's load steps in a status as the API server holds it (camelCase dicts): a running trial's are its
+    record in status.running, the open one with its runs and Job; a finished trial's are on the trial."""
+    entry = next((r for r in status.get("running") or [] if isinstance(r, Mapping) and r.get("index") ==
+                  trial.get("index")), None)
+    if entry is None:
+        return [dict(s) for s in trial.get("steps") or []]
+    steps = [dict(s) for s in entry.get("steps") or []]
+    opened = entry.get("open") or {}
+    if isinstance(opened.get("step"), int) and 0 <= opened["step"] < len(steps):
+        steps[opened["step"]].update({k: v for k, v in opened.items() if k != "step"})
+    return steps
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from typing import Any
 
 from batchtune.api import MAX_TRIAL_INDEX, BatchTuningStatus, Condition, ConditionStatus, parse_status
 from batchtune.api.errors import InvalidBatchTuning
+from batchtune.controller import records
+from batchtune.core.trial_loop import KEPT_STEPS
 from batchtune.core.vocabulary import ConditionType
 
 CONDITION_ORDER = tuple(ConditionType)
@@ -31,11 +33,15 @@ def read(raw: Mapping[str, Any] | None) -> tuple[BatchTuningStatus, str | None]:
     """The typed status and, when it cannot be read, why (naming each field and value): then a fresh status whose
     trial counter is past every readable trial index, so no trial name is reused."""
     try:
-        return parse_status(dict(raw or {})), None
+        status = parse_status(dict(raw or {}))
     except InvalidBatchTuning as exc:
         fresh = BatchTuningStatus()
         fresh.next_trial_index = _next_index(raw or {})
         return fresh, str(exc)
+    for trial in status.trials:
+        if trial.finished and len(trial.steps) > KEPT_STEPS:
+            records.compact(trial)  # written by hand: the CRD keeps a finished trial's few steps only
+    return status, None
 
 
 def _next_index(raw: Mapping[str, Any]) -> int:

@@ -286,9 +286,9 @@ class Tick:
         """The trial's outcome, in status; its objects are deleted once status says so (the garbage pass)."""
         trial.state = state
         trial.reason = reason
-        trial.message = message[:1000]
+        trial.message = message[:500]
         trial.verdict = verdict
-        trial.verdict_reason = (verdict_reason or message)[:1000]
+        trial.verdict_reason = (verdict_reason or message)[:500]
         trial.finished_at = self.now
         records.compact(trial)
         telemetry.TRIALS.labels(result=state.value).inc()
