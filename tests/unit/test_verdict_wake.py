@@ -19,6 +19,7 @@ import kopf
 import pytest
 from fake_world import LOCAL_PROMETHEUS, NS, World, reset_backoff, world
 
+from batchtune.api import steps_on_the_wire
 from batchtune.controller import handlers
 from batchtune.controller.ports import Install
 from batchtune.controller.reconcile import Outcome, reconcile_outcome
@@ -79,7 +80,7 @@ def test_a_tick_that_waits_for_a_window_says_when_it_is_complete():
     outcome = waiting_for_a_window(w)
     assert outcome.patch == {}  # nothing else changed: it only waits
     trial = running_trial(w)
-    step = next(s for s in trial["steps"] if "verdict" not in s or s["verdict"] is None)
+    step = next(s for s in steps_on_the_wire(w.status, trial) if "verdict" not in s or s["verdict"] is None)
     job = w.jobs[step["job"]]
     message = w.pods[f"{job['metadata']['name']}-pod"]["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
     window_end = datetime.fromtimestamp(json.loads(message)["measure_end"], UTC)
