@@ -1,6 +1,6 @@
 """What `batchtune twin calibrate` reads besides the figures: the measured KV pool (a /metrics scrape, the engine's
 startup log, --metadata keys, a flag), the length spread (per-request lengths, the random range ratio, a closed
-loop's floor), and the careless files it refuses, each naming the file and the key."""
+loop's default where nothing states it), and the careless files it refuses, each naming the file and the key."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from batchtune.cli import main
 from batchtune.twin.config import ServeConfig
 from batchtune.twin.observations import (
-    CLOSED_LOOP_MIN_SPREAD,
+    CLOSED_LOOP_DEFAULT_SPREAD,
     Inputs,
     ObservationError,
     kv_pool_from_file,
@@ -184,7 +184,7 @@ def test_range_ratio_refusals(value: str) -> None:
         parse_range_ratio(value, "x")
 
 
-def test_range_ratio_from_metadata_or_the_flag_and_a_closed_loops_floor() -> None:
+def test_range_ratio_from_metadata_or_the_flag_and_a_closed_loops_default() -> None:
     open_loop = {"max_concurrency": None, "request_rate": 5.0}
     stated = observation(result(random_range_ratio="0.5", **open_loop), CFG, "a")
     assert (stated.shape.range_ratio, stated.shape.output_ratio) == (0.5, 0.5)
@@ -192,16 +192,33 @@ def test_range_ratio_from_metadata_or_the_flag_and_a_closed_loops_floor() -> Non
     assert (flagged.shape.range_ratio, flagged.shape.output_ratio) == (0.2, 0.4)
     fixed = observation(result(**open_loop), CFG, "c")
     assert fixed.shape.length_dist == "fixed"
-    # a closed loop with fixed lengths is simulated with the floor, and says so
+    # a closed loop whose lengths nothing states is simulated with the default spread, and says so
     closed = observation(result(), CFG, "d")
     assert closed.concurrency == 4 and closed.shape.length_dist == "uniform"
-    assert closed.shape.range_ratio == closed.shape.output_ratio == CLOSED_LOOP_MIN_SPREAD
-    assert any("do not fall into step" in n for n in closed.notes)
+    assert closed.shape.range_ratio == closed.shape.output_ratio == CLOSED_LOOP_DEFAULT_SPREAD
+    assert any("default spread" in n and "lengths not in the file" in n for n in closed.notes)
 
 
-def test_the_floor_breaks_the_closed_loops_waves() -> None:
+@pytest.mark.parametrize(("stated", "input_ratio"), [
+    # a tokenizer's round trip: 64-66 tokens, +-2 % as a uniform spread
+    pytest.param({"input_lens": [64, 64, 65, 64, 66, 64], "output_lens": [32] * 6}, 0.02, id="per-request-lengths"),
+    pytest.param({"random_range_ratio": "0"}, 0.0, id="metadata-ratio-0"),
+    pytest.param({"random_range_ratio": '{"input": 0.3}'}, 0.3, id="metadata-fixed-outputs"),
+])
+def test_a_closed_loops_stated_lengths_are_simulated_as_stated(stated: dict, input_ratio: float) -> None:
+    """Fixed lengths stated (vllm bench --ignore-eos with its default range ratio 0, as the real-engine recording
+    was made) are simulated fixed: the real engine runs such a closed loop in waves, which a floor on the spread
+    broke up (tests/data/real-vllm-curve-long, TTFT at 16 streams)."""
+    obs = observation(result(**stated), CFG, "r.json")
+    assert obs.concurrency == 4
+    assert obs.shape.output_ratio == 0.0 and obs.shape.output_cv2 == 0.0
+    assert obs.shape.range_ratio == pytest.approx(input_ratio, abs=0.002)
+    assert not any("default spread" in n for n in obs.notes)
+
+
+def test_fixed_lengths_keep_the_closed_loops_waves_the_default_spread_breaks_them() -> None:
     """Fixed lengths: the simulation's clients finish together and queue for prefill together (TTFT at 4 streams
-    far above one stream's); with the floor they do not."""
+    far above one stream's), as the real engine's do; with the default spread they do not."""
     from batchtune.twin.fit import Observation, simulate
     from batchtune.twin.params import TwinParams
     from batchtune.twin.steady import Shape
@@ -209,7 +226,7 @@ def test_the_floor_breaks_the_closed_loops_waves() -> None:
     cfg = ServeConfig(model="Llama-3.1-70B", gpu="H100", tensor_parallel_size=4, max_num_seqs=64, max_model_len=4096)
     single = simulate(Observation(cfg, Shape(1024, 128), {}, concurrency=1, window_s=30), TwinParams())
     fixed = simulate(Observation(cfg, Shape(1024, 128), {}, concurrency=4, window_s=30), TwinParams())
-    spread = simulate(Observation(cfg, Shape(1024, 128, "uniform", CLOSED_LOOP_MIN_SPREAD), {}, concurrency=4,
+    spread = simulate(Observation(cfg, Shape(1024, 128, "uniform", CLOSED_LOOP_DEFAULT_SPREAD), {}, concurrency=4,
                                   window_s=30), TwinParams())
     assert fixed["median_ttft_ms"] > 1.8 * single["median_ttft_ms"]
     assert spread["median_ttft_ms"] < 1.3 * single["median_ttft_ms"]

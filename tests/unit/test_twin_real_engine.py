@@ -28,26 +28,34 @@ CURVE = Path(__file__).resolve().parents[2] / RECORDED_CURVE
 BOUNDS = {"throughput": 0.15, "tpot": 0.20, "ttft": 0.50}
 # Not met (docs/twin.md, "Point by point: real vLLM on CPU"). On the 7 Dec recording (three long repeats per point,
 # the engine core pinned: tests/data/real-vllm-curve-long) the CPU step model, calibrated on every repeat of its three
-# training points, meets the throughput and TPOT bounds at every point below saturation (on the 3 Dec recording, two
-# short repeats, 9 of the 36 held-out figures missed); strict: a twin that meets a bound fails its mark, and the mark
-# comes off with it.
-WAVES = ("with fixed lengths and --ignore-eos the real streams run in waves: every request of the batch ends in the "
-         "same step and its replacements are prefilled together (TTFT 18, 26 and 48 ms at 4, 8 and 16 streams on a "
-         "batch that holds them all: about 2-2.5 ms per waiting 64-token prompt), which the twin's closed-loop spread "
-         "floor (observations.CLOSED_LOOP_MIN_SPREAD) breaks up")
+# training points and simulating the fixed lengths the recording states (per-request lengths: 64-66 in, 32 out),
+# meets the TPOT and TTFT bounds at every point below saturation and throughput at all but one; strict: a twin that
+# meets a bound fails its mark, and the mark comes off with it.
 NOT_MET = {
-    "ttft": f"max-num-seqs 16 at 16 streams (47.7 ms, the twin 18.2 ms; 8 streams -43/-44 %, inside the bound): {WAVES}",
+    "throughput": "max-num-seqs 4 at 4 streams (1,081 tok/s measured, the twin 1,246: +15.2 %): the recording's "
+                  "scatter, not the setting: a batch that holds 4 streams serves them alike at max-num-seqs 4, 8 or "
+                  "16, and the same 4 streams measured 1,214 and 1,210 tok/s at 8 and 16 (the twin +2.6 and +3.0 %); "
+                  "the point's own repeats ran 1,026-1,321",
 }
+WAVES = ("with fixed lengths the real streams run in waves whose coherence the twin does not reproduce: at 32 streams "
+         "the batch refills from the engine's queue and its replacements are prefilled together (TPOT 3.98 ms, below "
+         "the 4.92 ms of 16 streams, whose replacements come back through the client and the API server in pieces); "
+         "the twin's first requests pass its API server one after another (the catalog's 2 ms + 16 us per prompt "
+         "token, not fitted) and are admitted a few per step, and nothing in vLLM's scheduler merges the groups so "
+         "formed, so its waves stay fragmented at 32 streams (TPOT 5.20 ms, +31 %); with that cost near zero its "
+         "32-stream waves cohere (TPOT 4.2 ms) but so do its 16-stream ones (TPOT 4.1 ms, throughput +16 %), and the "
+         "knee stays at 16")
 KNEE_NOT_MET = ("max-num-seqs 4 and 16: the measured throughput still grows past the batch (4: 1,081 -> 1,401 tok/s "
-                "from 4 to 8 streams; 16: 2,547 -> 3,447 from 16 to 32) where the twin's plateaus (+8 %, +3 %), so "
-                "the measured knees are at 8 and none where the twin puts 4 and 16 (2 and 8 agree); likely the same "
-                f"cause, a queue past the batch breaking the waves: {WAVES}")
+                "from 4 to 8 streams; 16: 2,547 -> 3,447 from 16 to 32) where the twin's plateaus (1,246 -> 1,309, "
+                "+5 %; 2,871 -> 2,949, +3 %), so the measured knees are at 8 and none where the twin puts 4 and 16 "
+                "(2 and 8 agree). At 4 the 4-stream point is the recording's scatter (with the 1,210-1,214 tok/s the "
+                f"same load measured at 8 and 16 the gain is still +16 %); at 16: {WAVES}")
 # The held-out figures that miss, each under a cause above: a new miss anywhere else fails
 # test_misses_only_where_named.
 KNOWN_MISSES: dict[str, set[str]] = {
-    "throughput": set(),
+    "throughput": {"mns=4 c=4"},
     "tpot": set(),
-    "ttft": {"mns=16 c=16"},
+    "ttft": set(),
 }
 
 
@@ -87,9 +95,10 @@ def test_misses_only_where_named(result: CurveResult, figure: str) -> None:
 
 
 def test_held_out_error_of_the_cpu_step_model(result: CurveResult) -> None:
-    """The CPU step model's held-out MAPE on the 7 Dec recording (docs/twin.md: 5.3 / 7.6 / 17.2 / 5.1 %; 17.2 /
-    15.3 / 22.2 / 14.6 % on the 3 Dec one), held with a little room."""
-    limits = {"throughput": 7.0, "tpot": 9.0, "ttft": 20.0, "e2el": 7.0}
+    """The CPU step model's held-out MAPE on the 7 Dec recording (docs/twin.md: 5.6 / 6.1 / 9.7 / 5.1 % simulating the
+    fixed lengths it states; 5.3 / 7.6 / 17.2 / 5.1 % with the closed-loop floor that broke its waves up), held with a
+    little room."""
+    limits = {"throughput": 7.0, "tpot": 8.0, "ttft": 12.0, "e2el": 7.0}
     errors = {f: result.mape(f, True) for f in limits}
     assert all(e is not None and e <= limits[f] for f, e in errors.items()), errors
 

@@ -155,15 +155,15 @@ def public_curves() -> list[Curve]:
 
 
 def simulated_shape(shape: Shape, closed: bool) -> Shape:
-    """The shape `batchtune twin calibrate` would simulate for a run of this shape (a closed loop's floor on the
-    length spread, where this twin has one)."""
-    try:
-        from batchtune.twin.observations import CLOSED_LOOP_MIN_SPREAD
-    except ImportError:  # a twin without the floor (the docs' "before" column)
+    """The shape `batchtune twin calibrate` would simulate for a public run of this shape: the public runs state
+    no measured spread of their fixed lengths (prompts, and outputs under --ignore-eos), so a closed loop's get the
+    default spread (`observations.CLOSED_LOOP_DEFAULT_SPREAD`), where this twin has one."""
+    from batchtune.twin import observations
+
+    # an older twin (the docs' "before" column) names it a floor, or has none
+    floor = getattr(observations, "CLOSED_LOOP_DEFAULT_SPREAD", getattr(observations, "CLOSED_LOOP_MIN_SPREAD", None))
+    if not closed or floor is None:
         return shape
-    if not closed:
-        return shape
-    floor = CLOSED_LOOP_MIN_SPREAD
     if shape.length_dist == "fixed" and (shape.output_dist in (None, "fixed")):
         return replace(shape, length_dist="uniform", range_ratio=floor, output_range_ratio=floor, output_dist=None)
     if shape.length_dist == "fixed":  # outputs spread already (uniform or EOS), prompts fixed

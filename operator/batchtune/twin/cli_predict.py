@@ -33,8 +33,9 @@ def add_parser(twin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     load.add_argument("--rate", type=float, help="Poisson request rate (req/s); 'inf' needs --num-prompts")
     p.add_argument("--num-prompts", type=int, default=None, help="bench mode: exactly N requests, whole run measured")
     p.add_argument("--length-dist", choices=("fixed", "uniform", "exponential"), default=None,
-                   help="how lengths spread (default: a closed loop uniform +-10%%, as no real client stays in "
-                        "step with fixed lengths; an open loop fixed)")
+                   help="how lengths spread (default: a closed loop uniform +-10%%, the calibration's default where "
+                        "nothing states the lengths; an open loop fixed; a client of fixed lengths, as vllm bench "
+                        "--ignore-eos without a range ratio, runs in waves: give fixed)")
     p.add_argument("--range-ratio", type=float, default=None, metavar="R",
                    help="uniform lengths in [L(1-R), L(1+R)] (vllm bench serve's --random-range-ratio)")
     p.add_argument("--duration", type=float, default=60.0, help="measured window in seconds (default 60)")
@@ -102,15 +103,15 @@ def _run(args: argparse.Namespace) -> int:
 
 def length_spread(dist: str | None, ratio: float | None, closed: bool) -> dict[str, Any]:
     """Workload keywords for the lengths asked: a closed loop without a choice spreads them by the calibration's
-    floor (`observations.CLOSED_LOOP_MIN_SPREAD`), so its clients do not fall into step."""
-    from batchtune.twin.observations import CLOSED_LOOP_MIN_SPREAD
+    default (`observations.CLOSED_LOOP_DEFAULT_SPREAD`), so its clients do not fall into step."""
+    from batchtune.twin.observations import CLOSED_LOOP_DEFAULT_SPREAD
 
     if ratio is not None and not 0 <= ratio < 1:
         raise ValueError(f"--range-ratio must be in [0, 1), got {ratio}")
     if dist is None:
         dist = "uniform" if ratio is not None or closed else "fixed"
     if dist == "uniform":
-        return {"length_dist": "uniform", "range_ratio": CLOSED_LOOP_MIN_SPREAD if ratio is None else ratio}
+        return {"length_dist": "uniform", "range_ratio": CLOSED_LOOP_DEFAULT_SPREAD if ratio is None else ratio}
     if ratio is not None:
         raise ValueError(f"--range-ratio applies to --length-dist uniform, not {dist}")
     return {"length_dist": dist}

@@ -175,7 +175,7 @@ class ServingModel:
 
     def _closed(self, c: float) -> Steady:
         o = self.o
-        in_step = (self.shape.output_dist or self.shape.length_dist) == "fixed"
+        in_step = self.shape.output_cv2 == 0  # every request ends in the step it would alone: cohorts stay
         batch = max(1.0, self.cohort_batch) if in_step else self.max_batch
         cohort = min(c, batch) if in_step else 0.0
 
