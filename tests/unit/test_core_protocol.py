@@ -240,6 +240,20 @@ def test_capacity_comes_from_the_highest_passing_load():
     assert outcome.state is TrialState.DONE and outcome.met and outcome.objective == 7.0
 
 
+def test_an_open_loops_capacity_is_the_rate_it_held_not_the_requests_its_window_saw_finish():
+    # Long requests: a window counts whichever happened to finish in it (issue 21's third failure class: mns16's
+    # window saw more finish than it was offered, mns32's fewer, and the smaller batch won on that noise).
+    open_loop = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=True, first_load=60)
+    small = conclude([_step(60, 0.2, requestThroughput=1.3), _step(66, -0.1, requestThroughput=1.2)], open_loop)
+    large = conclude([_step(66, 0.1, requestThroughput=0.9), _step(72, -0.1, requestThroughput=1.1)], open_loop)
+    assert small.metrics[M.SLO_CAPACITY] == 1.0 and large.metrics[M.SLO_CAPACITY] == 1.1
+    assert large.outcome(Objective.SLO_CAPACITY).objective > small.outcome(Objective.SLO_CAPACITY).objective
+    # What the window measured is kept beside it, and a trace's speed (no rate of its own) keeps the measurement.
+    assert small.metrics[M.REQUEST_THROUGHPUT] == 1.3
+    trace = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=True, first_load=100, trace=True)
+    assert conclude([_step(100, 0.2, requestThroughput=1.3)], trace).metrics[M.SLO_CAPACITY] == 1.3
+
+
 @pytest.mark.parametrize("steps, verdict, reason", [
     pytest.param([_closed(4, Verdict.VIOLATED, -0.5, requestThroughput=1.0)], Verdict.VIOLATED, Reason.NO_CAPACITY,
                  id="no-passing-load-is-violated-not-unknown"),

@@ -562,13 +562,22 @@ def _conclude(steps: Sequence[StepResult], config: ProtocolConfig) -> Conclusion
                           why + (f"; {step.cross_check}" if step.cross_check else ""), len(steps))
     best = max(passing, key=lambda s: s.load)
     metrics = _figures(best, steps)
-    capacity = metrics.get(M.REQUEST_THROUGHPUT)
+    capacity = offered_rate(best.load, config) or metrics.get(M.REQUEST_THROUGHPUT)
     if capacity is not None:
         metrics[M.SLO_CAPACITY] = capacity
     metrics[M.SLO_CAPACITY_LOAD] = float(best.load)
     rate = "unmeasured" if capacity is None else f"{capacity:.3g} req/s"
     return Conclusion(metrics, Verdict.MET, f"SLO capacity {rate} at {best.load} {config.unit}: {best.verdict_reason}",
                       Reason.MEASURED, best.cross_check or f"{len(steps)} load steps", len(steps))
+
+
+def offered_rate(load: int, config: ProtocolConfig) -> float | None:
+    """An open loop's offered rate in requests per second; None for a closed loop or a trace's speed.
+
+    A step that met the SLO in a steady state (its queue did not grow) served what it was offered, so that
+    rate is its capacity: the requests a finite window saw finish are a noisy count when requests are long.
+    """
+    return _round(load / 60) if config.open_loop and not config.trace else None
 
 
 def _figures(step: StepResult, steps: Sequence[StepResult]) -> dict[str, float]:
