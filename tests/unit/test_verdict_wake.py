@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import kopf
 import pytest
-from fake_world import LOCAL_PROMETHEUS, NS, World, reset_backoff, world
+from fake_world import LOCAL_PROMETHEUS, World, reset_backoff, world
 
 from batchtune.api import steps_on_the_wire
 from batchtune.controller import handlers
@@ -46,13 +46,6 @@ def waiting_for_a_window(w: World) -> Outcome:
             return outcome
         w.settle()
     raise AssertionError(f"no tick waited for a window; phase {w.phase}")
-
-
-def body_of(w: World) -> kopf.Body:
-    """The BatchTuning as kopf hands it to the timer."""
-    return kopf.Body({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
-                      "metadata": {"name": w.name, "namespace": NS, "uid": w.uid, "generation": w.generation},
-                      "spec": w.bt_spec, "status": w.status})
 
 
 def running_trial(w: World) -> dict:
@@ -113,7 +106,7 @@ def test_the_timer_writes_the_verdict_when_the_window_completes_not_a_tick_later
     monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(install))
     monkeypatch.setattr(handlers, "TICK_SECONDS", 5.0)
     trial_index = running_trial(w)["index"]
-    body = body_of(w)
+    body = kopf.Body(w.body())
     patch = kopf.Patch()
     started = time.monotonic()
     assert datetime.now(UTC) < complete  # the first reconcile of the run finds the window incomplete
@@ -129,7 +122,7 @@ def test_a_wake_beyond_the_next_timer_run_is_left_to_the_timer(monkeypatch):
     w = world(apply={"mode": "Recommend"})
     waiting_for_a_window(w)
     monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(FAR_LAG))  # complete in ~600 s
-    body = body_of(w)
+    body = kopf.Body(w.body())
     patch = kopf.Patch()
     started = time.monotonic()
     asyncio.run(handlers.tick(body=body, patch=patch, logger=LOG))
@@ -153,7 +146,7 @@ def test_a_woken_reconcile_does_not_queue_behind_the_other_tunings_ticks(monkeyp
     monkeypatch.setattr(handlers, "WORKERS", busy)
     release = threading.Event()
     trial_index = running_trial(w)["index"]
-    body = body_of(w)
+    body = kopf.Body(w.body())
     patch = kopf.Patch()
 
     async def run() -> float:

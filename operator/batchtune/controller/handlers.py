@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ from batchtune.controller import kube, retune, telemetry
 from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
 from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
-from batchtune.controller.ports import Install, Ports
+from batchtune.controller.ports import Cluster, Install, Ports
 from batchtune.controller.reconcile import Outcome, on_delete, reconcile_outcome
 from batchtune.controller.reports import ReportQueue
 from batchtune.controller.tick import Tuning
@@ -226,7 +226,7 @@ def ports(kwargs: dict[str, Any]) -> Ports:
     return Ports(KubeCluster(_indexes(kwargs), INSTALL.secret_label), METRICS, REPORTS, INSTALL, ENGINES, TWIN)
 
 
-def tuning(body: kopf.Body) -> Tuning:
+def tuning(body: Mapping[str, Any]) -> Tuning:
     meta = body["metadata"]
     return Tuning(meta["name"], meta["namespace"], meta["uid"], int(meta.get("generation") or 0),
                   dict(body.get("spec") or {}), dict(body.get("status") or {}))
@@ -238,7 +238,7 @@ EXPORTED_VERSIONS: dict[tuple[str, str], str] = {}
 """The resourceVersion each BatchTuning's decision gauges were last set from (parsed again only when it changes)."""
 
 
-def export_decision(body: kopf.Body) -> None:
+def export_decision(body: Mapping[str, Any]) -> None:
     """The decision gauges (`telemetry.export_decision`) from the BatchTuning as read, terminal ones included."""
     meta = body["metadata"]
     key = (str(meta["namespace"]), str(meta["name"]))
@@ -273,7 +273,7 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
     before the timer's next run (a load run's window complete in Prometheus), it waits for that moment here, holding
     no worker, and reconciles again: the verdict is written when its data is complete, not up to a tick later.
     kopf counts the interval from the end of a run, so a run never waits longer than the tick it saves."""
-    outcome = await in_worker(tick_once, body, logger, kwargs)
+    current, outcome = await in_worker(tick_current, body, logger, kwargs)
     for _ in range(WAKES_PER_RUN):
         if outcome is None or outcome.patch:
             break
@@ -286,13 +286,76 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
                 return
         else:
             await asyncio.sleep(delay)
-        outcome = await in_worker(tick_once, body, logger, kwargs, pool=WAKE_WORKERS)
+        outcome = await in_worker(tick_once, current, logger, kwargs, pool=WAKE_WORKERS)
     for key, value in (outcome.patch if outcome else {}).items():
         patch.status[key] = value
+    if outcome is not None and outcome.patch and current is not None:
+        WRITTEN.wrote(body["metadata"]["uid"], version(body), version(current))
 
 
-def tick_once(body: kopf.Body, logger: kopf.Logger, kwargs: dict[str, Any]) -> Outcome | None:
-    """One reconcile of the BatchTuning as last seen (kopf keeps a timer's body fresh); None: nothing to do."""
+def version(body: Mapping[str, Any]) -> str | None:
+    return (body.get("metadata") or {}).get("resourceVersion")
+
+
+class WrittenVersions:
+    """For each BatchTuning (by uid), the resourceVersions its last status write followed: a body at one of them
+    does not hold that write yet.
+
+    kopf refreshes a timer's body only from watch events, and kopf writes a run's status patch after the run, so on a
+    loaded control plane the next run (a tick later) can be handed the object from before the write: deciding on it
+    repeated the write's step (a trial concluded twice, with a second verdict, `finishedAt` and TrialCompleted Event;
+    docs/benchmarks.md, "Operator scale"). Such a body is read again from the API server instead."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, frozenset[str]] = {}
+        self._lock = threading.Lock()
+
+    def wrote(self, uid: str, *versions: str | None) -> None:
+        """A run decided on the object at these versions (kopf's body, the one read again) and wrote status."""
+        with self._lock:
+            self._before[uid] = frozenset(v for v in versions if v)
+
+    def precedes_write(self, uid: str, version: str | None) -> bool:
+        with self._lock:
+            return version is not None and version in self._before.get(uid, ())
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._before.pop(uid, None)
+
+
+WRITTEN = WrittenVersions()
+
+
+def current_body(body: Mapping[str, Any], logger: kopf.Logger, cluster: Cluster) -> Mapping[str, Any] | None:
+    """The BatchTuning to decide on: kopf's body, or the object read again when kopf's predates this process's last
+    status write to it (`WrittenVersions`); None when it is gone or cannot be read now (the next run tries again:
+    deciding on the older body could repeat a step)."""
+    meta = body["metadata"]
+    uid = meta["uid"]
+    if not WRITTEN.precedes_write(uid, version(body)):
+        WRITTEN.forget(uid)  # the watch brought the write (or a later object): kopf's body is current
+        return body
+    try:
+        fresh = cluster.batchtuning(meta["namespace"], meta["name"])
+    except Exception as exc:  # noqa: BLE001 - any failure to read: skip this run, never decide on the old body
+        logger.warning("Skipped a run of tuning %s: its last status write was not in the watch yet and reading it "
+                       "again failed: %s", meta["name"], exc)
+        return None
+    if fresh is not None and WRITTEN.precedes_write(uid, version(fresh)):
+        WRITTEN.forget(uid)  # the object did not change since: the write never landed, and this is what holds
+    return fresh
+
+
+def tick_current(body: kopf.Body, logger: kopf.Logger, kwargs: dict[str, Any]) \
+        -> tuple[Mapping[str, Any] | None, Outcome | None]:
+    """The body decided on (`current_body`) and one reconcile of it (`tick_once`)."""
+    current = current_body(body, logger, ports(kwargs).cluster)
+    return current, (tick_once(current, logger, kwargs) if current is not None else None)
+
+
+def tick_once(body: Mapping[str, Any], logger: kopf.Logger, kwargs: dict[str, Any]) -> Outcome | None:
+    """One reconcile of the BatchTuning as last seen (`current_body`); None: nothing to do."""
     status = body.get("status") or {}
     export_decision(body)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
@@ -341,6 +404,7 @@ def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     from batchtune.controller.ports import Conflict
 
     EXPORTED_VERSIONS.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+    WRITTEN.forget(body["metadata"]["uid"])
     telemetry.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         on_delete(tuning(body), ports(kwargs), datetime.now(UTC), logger)

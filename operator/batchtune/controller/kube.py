@@ -31,7 +31,7 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from batchtune import API_GROUP, API_VERSION, KIND
+from batchtune import API_GROUP, API_VERSION, KIND, PLURAL
 from batchtune.controller.ports import Conflict, JobRun, NotAllowed, Owned
 from batchtune.core.manifests import (
     COMPONENT_LOAD,
@@ -129,6 +129,7 @@ def _body(obj: Mapping[str, Any]) -> Any:
 _APPS = "/apis/apps/v1/namespaces/{namespace}/"
 _BATCH = "/apis/batch/v1/namespaces/{namespace}/"
 _CORE = "/api/v1/namespaces/{namespace}/"
+_BATCHTUNINGS = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/{PLURAL}"
 _COLLECTIONS = {"Deployment": _APPS + "deployments", "Job": _BATCH + "jobs", "ConfigMap": _CORE + "configmaps"}
 
 
@@ -275,6 +276,14 @@ class KubeCluster:
             raise
         self.cache.put(found)
         return found
+
+    def batchtuning(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(read_json(request("GET", _BATCHTUNINGS + "/{name}", {"namespace": namespace, "name": name})))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def owned(self, namespace: str, tuning_uid: str) -> Owned:
         key = (namespace, tuning_uid)
