@@ -25,7 +25,7 @@ from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import kube, retune, telemetry
 from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
-from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
+from batchtune.controller.kube import Indexes, KubeCluster, job_outcome, owner_uid, pod_digest
 from batchtune.controller.ports import Cluster, Install, Ports
 from batchtune.controller.reconcile import Outcome, on_delete, reconcile_outcome
 from batchtune.controller.reports import ReportQueue
@@ -179,9 +179,38 @@ def deployment_versions(namespace: str | None, name: str, meta: kopf.Meta, **_: 
     return {(namespace, name): meta.get("resourceVersion")}
 
 
+class LoadRunEnds:
+    """For each BatchTuning whose timer run waits for a load run to end, the signal that one of its load Jobs
+    finished, as the Job watch saw it (`owned_jobs`): the run reconciles then rather than on the timer's next run.
+    Only the event loop touches it (the index and the timer are async)."""
+
+    def __init__(self) -> None:
+        self._listening: dict[str, asyncio.Event] = {}
+
+    def listen(self, uid: str) -> asyncio.Event:
+        """A fresh signal for this timer run: a Job that ends from now on sets it."""
+        event = self._listening[uid] = asyncio.Event()
+        return event
+
+    def ended(self, uid: str) -> None:
+        event = self._listening.get(uid)
+        if event is not None:
+            event.set()
+
+    def release(self, uid: str, event: asyncio.Event) -> None:
+        if self._listening.get(uid) is event:
+            del self._listening[uid]
+
+
+LOAD_RUN_ENDS = LoadRunEnds()
+
+
 @kopf.index("batch", "v1", "jobs", labels=OURS)
-def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+async def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+    # Async: kopf runs a synchronous index function in its worker pool, where it queued behind the reconciles.
     uid = owner_uid(meta)
+    if uid and job_outcome(status)[0]:
+        LOAD_RUN_ENDS.ended(uid)
     return {(namespace, uid): {"name": name, "uid": meta.get("uid"), "status": dict(status)}} if uid else None
 
 
@@ -270,27 +299,54 @@ def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
 async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped: Any = None, **kwargs: Any) -> None:
     """The timer: one reconcile in a worker thread; when it changed nothing but waits for a step that becomes possible
-    before the timer's next run (a load run's window complete in Prometheus), it waits for that moment here, holding
-    no worker, and reconciles again: the verdict is written when its data is complete, not up to a tick later.
-    kopf counts the interval from the end of a run, so a run never waits longer than the tick it saves."""
-    current, outcome = await in_worker(tick_current, body, logger, kwargs)
-    for _ in range(WAKES_PER_RUN):
-        if outcome is None or outcome.patch:
-            break
-        delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
-        if delay is None:
-            break
-        if stopped is not None:
-            await stopped.wait(delay)
+    before the timer's next run, it waits here, holding no worker, and reconciles again: for a known moment (a load
+    run's window complete in Prometheus), or for a load run still going to end (its Job's end, seen by the Job watch,
+    `LoadRunEnds`; when it does not end within a tick, the timer's next run is this run's last reconcile). The verdict
+    is written when its data is complete, not up to a tick later. kopf counts the interval from the end of a run, so a
+    run never waits longer than the tick it saves."""
+    uid = body["metadata"]["uid"]
+    ended = LOAD_RUN_ENDS.listen(uid)
+    try:
+        current, outcome = await in_worker(tick_current, body, logger, kwargs)
+        for _ in range(WAKES_PER_RUN):
+            if outcome is None or outcome.patch:
+                break
+            delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
+            pool: concurrent.futures.Executor | None = WAKE_WORKERS
+            if delay is not None:
+                await wait_for(delay, stopped)
+            elif outcome.load_run_going:
+                if not await wait_for(TICK_SECONDS, stopped, ended):
+                    pool = WORKERS  # no end within a tick: the timer's next run, taken here
+            else:
+                break
             if stopped:
                 return
-        else:
-            await asyncio.sleep(delay)
-        outcome = await in_worker(tick_once, current, logger, kwargs, pool=WAKE_WORKERS)
+            ended.clear()
+            outcome = await in_worker(tick_once, current, logger, kwargs, pool=pool)
+            if pool is WORKERS:
+                break
+    finally:
+        LOAD_RUN_ENDS.release(uid, ended)
     for key, value in (outcome.patch if outcome else {}).items():
         patch.status[key] = value
     if outcome is not None and outcome.patch and current is not None:
-        WRITTEN.wrote(body["metadata"]["uid"], version(body), version(current))
+        WRITTEN.wrote(uid, version(body), version(current))
+
+
+async def wait_for(seconds: float, stopped: Any = None, event: asyncio.Event | None = None) -> bool:
+    """Wait `seconds`, or less when `event` comes or kopf stops the timer (`stopped`); True when the event came."""
+    waits = [asyncio.ensure_future(w) for w in (stopped.wait() if stopped is not None else None,
+                                                event.wait() if event is not None else None) if w is not None]
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(seconds)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    return event is not None and event.is_set()
 
 
 def version(body: Mapping[str, Any]) -> str | None:

@@ -248,6 +248,16 @@ class ReplicaSetControllers:
 REPLICA_SETS = ReplicaSetControllers()
 
 
+def job_outcome(status: Mapping[str, Any]) -> tuple[bool, bool, str | None]:
+    """(finished, failed, when it ended) of a Job, from its status as the Job controller writes it."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    failed = "Failed" in conditions
+    finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
+    ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
+        "lastTransitionTime")
+    return finished, failed, ended
+
+
 class KubeCluster:
     """`ports.Cluster` for a real API server."""
 
@@ -314,11 +324,7 @@ class KubeCluster:
 
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
         status = job.get("status") or {}
-        conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-        failed = "Failed" in conditions
-        finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
-        ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
-            "lastTransitionTime")
+        finished, failed, ended = job_outcome(status)
         pods = tuple(self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ())) if finished else ()
         return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), pods)
 
