@@ -306,6 +306,7 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
     run never waits longer than the tick it saves."""
     uid = body["metadata"]["uid"]
     ended = LOAD_RUN_ENDS.listen(uid)
+    waits_for_an_end = True  # once per run: a run never waits longer than the tick it saves
     try:
         current, outcome = await in_worker(tick_current, body, logger, kwargs)
         for _ in range(WAKES_PER_RUN):
@@ -315,7 +316,8 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
             pool: concurrent.futures.Executor | None = WAKE_WORKERS
             if delay is not None:
                 await wait_for(delay, stopped)
-            elif outcome.load_run_going:
+            elif outcome.load_run_going and waits_for_an_end:
+                waits_for_an_end = False
                 if not await wait_for(TICK_SECONDS, stopped, ended):
                     pool = WORKERS  # no end within a tick: the timer's next run, taken here
             else:
@@ -324,8 +326,6 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
                 return
             ended.clear()
             outcome = await in_worker(tick_once, current, logger, kwargs, pool=pool)
-            if pool is WORKERS:
-                break
     finally:
         LOAD_RUN_ENDS.release(uid, ended)
     for key, value in (outcome.patch if outcome else {}).items():
