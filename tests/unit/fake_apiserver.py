@@ -65,6 +65,29 @@ def lease(namespace: str, name: str, version: int = 1) -> dict[str, Any]:
                      "leaseTransitions": 2}}
 
 
+def replica_set(namespace: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": namespace, "uid": "uid-rs",
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm",
+                                              "uid": "uid-llm", "controller": True}]}}
+
+
+def secret(namespace: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"batchtune.io/secret": "true"}},
+            "data": {"token": "c2VjcmV0"}}
+
+
+def batchtuning(namespace: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "7"},
+            "spec": {"targetRef": {"name": "llm"}}, "status": {"phase": "Trialing"}}
+
+
+NAMED = {"replicasets": replica_set, "secrets": secret, "batchtunings": batchtuning, "leases": lease}
+"""What a GET of one object answers, by the path's resource."""
+
+
 class Recorded:
     def __init__(self, method: str, target: str, headers: Any, body: bytes) -> None:
         self.method, self.target = method, target
@@ -114,12 +137,8 @@ class FakeApiServer:
                 found["metadata"].setdefault("annotations", {}).update(
                     ((body or {}).get("metadata") or {}).get("annotations") or {})
             return 200, "application/json", json.dumps(found).encode()
-        if kind == "replicasets" and name:
-            rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                  "metadata": {"name": name, "namespace": namespace, "uid": "uid-rs",
-                               "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm",
-                                                    "uid": "uid-llm", "controller": True}]}}
-            return 200, "application/json", json.dumps(rs).encode()
+        if kind in NAMED and name:
+            return 200, "application/json", json.dumps(NAMED[kind](namespace, name)).encode()
         if kind == "pods":
             items = [pod(namespace, f"llm-{i}", {"app": "llm"}) for i in range(2)]
             return 200, "application/json", json.dumps({"kind": "PodList", "apiVersion": "v1",
@@ -129,13 +148,6 @@ class FakeApiServer:
                       "spec": {"selector": {"app": "llm"}, "ports": [{"port": 8000}]}}]
             return 200, "application/json", json.dumps({"kind": "ServiceList", "apiVersion": "v1",
                                                         "items": items}).encode()
-        if kind == "secrets" and name:
-            secret = {"apiVersion": "v1", "kind": "Secret",
-                      "metadata": {"name": name, "namespace": namespace, "labels": {"batchtune.io/secret": "true"}},
-                      "data": {"token": "c2VjcmV0"}}
-            return 200, "application/json", json.dumps(secret).encode()
-        if kind == "leases" and name:
-            return 200, "application/json", json.dumps(lease(namespace, name)).encode()
         return 404, "application/json", json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}).encode()
 
     @contextmanager

@@ -185,6 +185,11 @@ class World:
     bt_spec: dict[str, Any] = field(default_factory=spec)
     name: str = "tune"
     _rv: int = 100
+    tuning_version: str = "1"
+    """The BatchTuning's resourceVersion: a new one with every status write (`apply`)."""
+    tuning_reads: int = 0
+    """Reads of the BatchTuning from the API server (`FakeCluster.batchtuning`), not the watch's copy."""
+    tuning_read_fails: bool = False
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -205,7 +210,16 @@ class World:
             self.settle()
         return patch
 
+    def body(self) -> dict[str, Any]:
+        """The BatchTuning as the API server holds it (and as kopf hands it to the timer once its watch has it)."""
+        return {"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
+                "metadata": {"name": self.name, "namespace": NS, "uid": self.uid, "generation": self.generation,
+                             "resourceVersion": self.tuning_version},
+                "spec": copy.deepcopy(self.bt_spec), "status": copy.deepcopy(self.status)}
+
     def apply(self, patch: Mapping[str, Any]) -> None:
+        if patch:
+            self.tuning_version = str(int(self.tuning_version) + 1)
         for key, value in patch.items():
             if value is None:
                 self.status.pop(key, None)
@@ -339,6 +353,12 @@ class FakeCluster:
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         dep = self.w.deployments.get(name)
         return copy.deepcopy(dep) if dep else None
+
+    def batchtuning(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.w.tuning_reads += 1
+        if self.w.tuning_read_fails:
+            raise ConnectionError("the API server did not answer")
+        return self.w.body() if name == self.w.name else None
 
     def owned(self, namespace: str, tuning_uid: str) -> Owned:
         def ours(obj: Mapping[str, Any]) -> bool:

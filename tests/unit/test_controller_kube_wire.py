@@ -49,6 +49,7 @@ def port() -> KubeCluster:
 def test_reads_send_what_the_typed_reads_sent_and_answer_the_json(wire):
     fake, api_client = wire
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
     selector = {"matchLabels": {"app": "llm"}, "matchExpressions": [{"key": "tier", "operator": "In",
                                                                       "values": ["a", "b"]}]}
     cases = [
@@ -59,6 +60,9 @@ def test_reads_send_what_the_typed_reads_sent_and_answer_the_json(wire):
         (lambda: port().production_pods("ns", selector),
          lambda: core.list_namespaced_pod("ns", label_selector=kube.selector_text(selector), _preload_content=False)),
         (lambda: port().services("ns"), lambda: core.list_namespaced_service("ns", _preload_content=False)),
+        (lambda: port().batchtuning("ns", "tune"),
+         lambda: custom.get_namespaced_custom_object("batchtune.io", "v1alpha1", "ns", "batchtunings", "tune",
+                                                     _preload_content=False)),
         (lambda: port().secret_value("ns", "token", "token"),
          lambda: core.read_namespaced_secret("token", "ns", _preload_content=False)),
     ]
@@ -71,6 +75,7 @@ def test_reads_send_what_the_typed_reads_sent_and_answer_the_json(wire):
     assert [p["metadata"]["name"] for p in port().production_pods("ns", selector)] == ["llm-0", "llm-1"]
     assert port().services("ns") == [{"spec": {"selector": {"app": "llm"}}}]
     assert port().secret_value("ns", "token", "token") == "secret"
+    assert port().batchtuning("ns", "tune")["metadata"]["resourceVersion"] == "7"
 
 
 def test_a_read_answers_the_api_servers_json_as_is(wire):
@@ -154,6 +159,11 @@ def test_failures_are_the_typed_calls_failures(wire):
                                                                            typed.value.body)
     fake.status["/apis/apps/v1/namespaces/ns/deployments/llm"] = 404
     assert port().deployment("ns", "llm") is None
+    fake.status["/apis/batchtune.io/v1alpha1/namespaces/ns/batchtunings/gone"] = 404
+    assert port().batchtuning("ns", "gone") is None
+    fake.status["/apis/batchtune.io/v1alpha1/namespaces/ns/batchtunings/gone"] = 500
+    with pytest.raises(ApiException):
+        port().batchtuning("ns", "gone")
     fake.status["/apis/apps/v1/namespaces/ns/deployments/llm"] = 409
     with pytest.raises(Conflict):
         port().patch_deployment("ns", "llm", {"metadata": {"resourceVersion": "5"}}, "5")
@@ -227,6 +237,7 @@ with fake.serving() as url:
     port.services("ns")
     port.container_log("ns", "llm-0", "vllm", False)
     port.secret_value("ns", "token", "token")
+    port.batchtuning("ns", "tune")
     for kind in ("Deployment", "Job", "ConfigMap"):
         port.create({"kind": kind, "metadata": {"namespace": "ns", "name": "x"}, "spec": dep["spec"]})
     kube.upsert_configmap({"kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "c"}, "data": {}})
@@ -235,7 +246,7 @@ with fake.serving() as url:
     port.delete("Job", "ns", "x")
     leases = KubeLease("ns", "l")
     leases.replace(leases.get())
-    assert len(fake.requests) == 15, len(fake.requests)
+    assert len(fake.requests) == 16, len(fake.requests)
 print(sorted(m for m in sys.modules if m.startswith(("kubernetes.client.api.", "kubernetes.client.models.v1_pod",
                                                      "kubernetes.client.models.v1_deployment",
                                                      "kubernetes.client.models.v1_lease"))))

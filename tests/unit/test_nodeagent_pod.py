@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import urllib.request
@@ -245,3 +246,33 @@ def test_init_container_runs_first(node):
     drive(worker, lambda: api.statuses and api.last["phase"] == "Succeeded")
     assert api.last["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
     assert container_status(api)["state"]["terminated"]["message"] == "from-init\n"
+
+
+PRIORITY = (  # the container's scheduling policy, niceness and autogroup line, then a child's it starts
+    "import os, subprocess, sys, time\n"
+    "time.sleep(0.2)\n"  # past the agent's start-up of the process
+    "me = lambda: f'{os.sched_getscheduler(0)} {os.getpriority(os.PRIO_PROCESS, 0)} ' + "
+    "open('/proc/self/autogroup').read().split()[-1]\n"
+    "child = subprocess.run([sys.executable, '-c', 'import sys; ' + sys.argv[1]], capture_output=True, text=True)\n"
+    "open(os.environ['BATCHTUNE_TERMINATION_MESSAGE_PATH'], 'w').write(me() + '|' + child.stdout.strip())\n"
+)
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["normal", "idle"])
+def test_idle_pods_run_every_process_at_the_lowest_cpu_priority(node, idle):
+    settings, store, _ = node
+    settings = dataclasses.replace(settings, idle_pods=idle)
+    printer = ("import os; print(f'{os.sched_getscheduler(0)} {os.getpriority(os.PRIO_PROCESS, 0)} ' + "
+               "open('/proc/self/autogroup').read().split()[-1])")
+    worker = PodWorker(make_pod(["python3", "-c", PRIORITY, printer], restart="Never"), settings, store,
+                       api := RecordingApi())
+    try:
+        drive(worker, lambda: api.statuses and api.last["phase"] == "Succeeded")
+    finally:
+        worker.shutdown()
+        worker.tick()
+    container, child = container_status(api)["state"]["terminated"]["message"].split("|")
+    own_niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the tests may run niced: a pod inherits it
+    # (policy, niceness, the autogroup's niceness): a new session is a new autogroup at niceness 0
+    expected = f"{os.SCHED_IDLE} 19 19" if idle else f"{os.SCHED_OTHER} {own_niceness} 0"
+    assert container == expected and child == expected

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import kopf
 import pytest
-from fake_world import LOCAL_PROMETHEUS, NS, World, reset_backoff, world
+from fake_world import LOCAL_PROMETHEUS, World, reset_backoff, world
 
 from batchtune.api import steps_on_the_wire
 from batchtune.controller import handlers
@@ -46,13 +46,6 @@ def waiting_for_a_window(w: World) -> Outcome:
             return outcome
         w.settle()
     raise AssertionError(f"no tick waited for a window; phase {w.phase}")
-
-
-def body_of(w: World) -> kopf.Body:
-    """The BatchTuning as kopf hands it to the timer."""
-    return kopf.Body({"apiVersion": "batchtune.io/v1alpha1", "kind": "BatchTuning",
-                      "metadata": {"name": w.name, "namespace": NS, "uid": w.uid, "generation": w.generation},
-                      "spec": w.bt_spec, "status": w.status})
 
 
 def running_trial(w: World) -> dict:
@@ -113,7 +106,7 @@ def test_the_timer_writes_the_verdict_when_the_window_completes_not_a_tick_later
     monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(install))
     monkeypatch.setattr(handlers, "TICK_SECONDS", 5.0)
     trial_index = running_trial(w)["index"]
-    body = body_of(w)
+    body = kopf.Body(w.body())
     patch = kopf.Patch()
     started = time.monotonic()
     assert datetime.now(UTC) < complete  # the first reconcile of the run finds the window incomplete
@@ -129,7 +122,7 @@ def test_a_wake_beyond_the_next_timer_run_is_left_to_the_timer(monkeypatch):
     w = world(apply={"mode": "Recommend"})
     waiting_for_a_window(w)
     monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports(FAR_LAG))  # complete in ~600 s
-    body = body_of(w)
+    body = kopf.Body(w.body())
     patch = kopf.Patch()
     started = time.monotonic()
     asyncio.run(handlers.tick(body=body, patch=patch, logger=LOG))
@@ -153,7 +146,7 @@ def test_a_woken_reconcile_does_not_queue_behind_the_other_tunings_ticks(monkeyp
     monkeypatch.setattr(handlers, "WORKERS", busy)
     release = threading.Event()
     trial_index = running_trial(w)["index"]
-    body = body_of(w)
+    body = kopf.Body(w.body())
     patch = kopf.Patch()
 
     async def run() -> float:
@@ -172,3 +165,76 @@ def test_a_woken_reconcile_does_not_queue_behind_the_other_tunings_ticks(monkeyp
         busy.shutdown()
     assert {t["index"]: t for t in patch["status"]["trials"]}[trial_index]["state"] == "Done"
     assert elapsed < 3.0  # at the wake (1 s), not once kopf's pool is free again (4.5 s)
+
+
+def running_the_last_run(w: World) -> str:
+    """Step the world on the real clock (scrape lag 0) until the run whose reading concludes the trial is going: its
+    load Job created and not finished. Its name."""
+    w.now = datetime.now(UTC)
+    for _ in range(60):
+        w.apply(reconcile_outcome(w.tuning(), w.ports(), w.now, LOG).patch)
+        going = [name for name, job in w.jobs.items() if not (job.get("status") or {}).get("conditions")]
+        if going:
+            ahead = copy.deepcopy(w)
+            index = running_trial(ahead)["index"]
+            ahead.settle()
+            ahead.apply(reconcile_outcome(ahead.tuning(), ahead.ports(), datetime.now(UTC), LOG).patch)
+            if next(t for t in ahead.status["trials"] if t["index"] == index)["state"] == "Done":
+                return going[0]
+        w.settle()
+    raise AssertionError(f"no run concluded the trial; phase {w.phase}")
+
+
+def counting_reconciles(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    reconcile = handlers.reconcile_outcome
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return reconcile(*args, **kwargs)
+
+    monkeypatch.setattr(handlers, "reconcile_outcome", counted)
+    return calls
+
+
+def test_the_end_of_a_running_load_run_seen_by_the_job_watch_wakes_the_timer(monkeypatch):
+    w = world(apply={"mode": "Recommend"}, strategy={"type": "Grid", "maxTrials": 1},
+              searchSpace={"maxNumSeqs": {"values": [8]}})
+    job_name = running_the_last_run(w)
+    trial_index = running_trial(w)["index"]
+    monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports())
+    monkeypatch.setattr(handlers, "TICK_SECONDS", 5.0)
+    body = kopf.Body(w.body())
+    patch = kopf.Patch()
+
+    async def run() -> float:
+        started = time.monotonic()
+        timer = asyncio.create_task(handlers.tick(body=body, patch=patch, logger=LOG))
+        await asyncio.sleep(0.5)
+        assert not timer.done()  # its reconcile found the load run going, and it waits for its end
+        w.now = datetime.now(UTC)
+        w.settle()  # the load Job ends, and the Job watch sees it
+        job = w.jobs[job_name]
+        await handlers.owned_jobs(namespace=job["metadata"]["namespace"], name=job_name, meta=job["metadata"],
+                                  status=job["status"])
+        await timer
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(run())
+    assert {t["index"]: t for t in patch["status"]["trials"]}[trial_index]["state"] == "Done"
+    assert elapsed < 2.5  # at the Job's end (0.5 s), not on the timer's next run (5 s and after)
+
+
+def test_a_load_run_that_does_not_end_within_a_tick_leaves_one_reconcile_and_the_timer(monkeypatch):
+    w = world(apply={"mode": "Recommend"}, strategy={"type": "Grid", "maxTrials": 1},
+              searchSpace={"maxNumSeqs": {"values": [8]}})
+    running_the_last_run(w)
+    monkeypatch.setattr(handlers, "ports", lambda kwargs: w.ports())
+    monkeypatch.setattr(handlers, "TICK_SECONDS", 1.0)
+    reconciles = counting_reconciles(monkeypatch)
+    patch = kopf.Patch()
+    started = time.monotonic()
+    asyncio.run(handlers.tick(body=kopf.Body(w.body()), patch=patch, logger=LOG))
+    elapsed = time.monotonic() - started
+    assert not patch and len(reconciles) == 2  # the first, and the one in place of the timer's next run
+    assert 1.0 <= elapsed < 2.5

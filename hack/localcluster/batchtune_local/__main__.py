@@ -17,7 +17,7 @@ def _up(args: argparse.Namespace) -> int:
                                          else lc.cluster.DEFAULT_GPU_PRODUCT),
         time_scale=args.time_scale, scrape_interval_s=args.scrape_interval,
         node_agent=not args.no_node_agent, keep_data=args.keep_data, timeout_s=args.timeout,
-        pod_network=args.pod_network, engine=args.engine,
+        pod_network=args.pod_network, engine=args.engine, idle_pods=args.idle_pods,
         **({"image_map": args.image_map.resolve()} if args.image_map else {}),
     )
     began = time.monotonic()
@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--scrape-interval", type=float, default=2.0, help="Prometheus scrape interval, seconds")
     up.add_argument("--pod-network", help="loopback CIDR for pod IPs (node agent default 127.1.0.0/16)")
     up.add_argument("--image-map", type=Path, help="node agent image -> command rules (default hack/localcluster/batchtune_local/images.yaml)")
+    up.add_argument("--idle-pods", action="store_true",
+                    help="the node agent runs every pod's processes at the lowest CPU priority (docs/node-agent.md)")
     up.add_argument("--no-node-agent", action="store_true", help="control plane and Prometheus only")
     up.add_argument("--keep-data", action="store_true", help="keep etcd/Prometheus data of the last run")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for each component")

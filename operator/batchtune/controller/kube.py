@@ -31,7 +31,7 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from batchtune import API_GROUP, API_VERSION, KIND
+from batchtune import API_GROUP, API_VERSION, KIND, PLURAL
 from batchtune.controller.ports import Conflict, JobRun, NotAllowed, Owned
 from batchtune.core.manifests import (
     COMPONENT_LOAD,
@@ -129,6 +129,7 @@ def _body(obj: Mapping[str, Any]) -> Any:
 _APPS = "/apis/apps/v1/namespaces/{namespace}/"
 _BATCH = "/apis/batch/v1/namespaces/{namespace}/"
 _CORE = "/api/v1/namespaces/{namespace}/"
+_BATCHTUNINGS = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/{PLURAL}"
 _COLLECTIONS = {"Deployment": _APPS + "deployments", "Job": _BATCH + "jobs", "ConfigMap": _CORE + "configmaps"}
 
 
@@ -247,6 +248,16 @@ class ReplicaSetControllers:
 REPLICA_SETS = ReplicaSetControllers()
 
 
+def job_outcome(status: Mapping[str, Any]) -> tuple[bool, bool, str | None]:
+    """(finished, failed, when it ended) of a Job, from its status as the Job controller writes it."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    failed = "Failed" in conditions
+    finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
+    ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
+        "lastTransitionTime")
+    return finished, failed, ended
+
+
 class KubeCluster:
     """`ports.Cluster` for a real API server."""
 
@@ -275,6 +286,14 @@ class KubeCluster:
             raise
         self.cache.put(found)
         return found
+
+    def batchtuning(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(read_json(request("GET", _BATCHTUNINGS + "/{name}", {"namespace": namespace, "name": name})))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def owned(self, namespace: str, tuning_uid: str) -> Owned:
         key = (namespace, tuning_uid)
@@ -305,11 +324,7 @@ class KubeCluster:
 
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
         status = job.get("status") or {}
-        conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-        failed = "Failed" in conditions
-        finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
-        ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
-            "lastTransitionTime")
+        finished, failed, ended = job_outcome(status)
         pods = tuple(self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ())) if finished else ()
         return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), pods)
 

@@ -53,6 +53,9 @@ class Owned:
 class Cluster(Protocol):
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
+    def batchtuning(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The BatchTuning as the API server holds it now (read, not the watch's copy); None when it is gone."""
+
     def owned(self, namespace: str, tuning_uid: str) -> Owned: ...
 
     def trial_pods(self, namespace: str, tuning: str, index: int) -> list[dict[str, Any]]:

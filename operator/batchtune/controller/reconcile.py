@@ -41,6 +41,8 @@ class Outcome:
     patch: dict[str, Any]
     wake_at: datetime | None = None
     """The earliest moment a step this tick waited for becomes possible (`Tick.wake`); None: the timer's next run."""
+    load_run_going: bool = False
+    """A load run was still going (`Tick.load_run_going`): its end can wake the timer."""
 
 
 def reconcile(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> dict[str, Any]:
@@ -59,7 +61,7 @@ def reconcile_outcome(tuning: Tuning, ports: Ports, now: datetime, log: Log) -> 
         step(tick)
     finally:
         collect_garbage(tick)
-    return Outcome(status_io.patch(before, tick.status), tick.wake_at)
+    return Outcome(status_io.patch(before, tick.status), tick.wake_at, tick.load_run_going)
 
 
 def step(tick: Tick) -> None:

@@ -95,6 +95,10 @@ class Tick:
     """The earliest moment a step this tick waited for becomes possible (a finished load run's window complete in
     Prometheus): the timer runs the tuning again then rather than a whole tick later (`handlers.tick`)."""
 
+    load_run_going: bool = field(init=False, default=False)
+    """A load run this tick read was still going: its end, as the Job watch sees it, can wake the timer sooner than
+    its next run (`handlers.tick`)."""
+
     def __post_init__(self) -> None:
         self.status, self.status_problem = status_io.read(self.tuning.status)
 

@@ -339,6 +339,7 @@ def read_run(tick: Tick, target: Target, trial: TrialRecord, current: LoadStepRe
     install = tick.ports.install
     run = tick.ports.cluster.job_run(tick.tuning.namespace, job)
     if not run.finished:
+        tick.load_run_going = True
         if run.started and run.started + timedelta(seconds=spec.trial.warmup_seconds) < tick.now:
             trial.state = TrialState.MEASURING
         return None

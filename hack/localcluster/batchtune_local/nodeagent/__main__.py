@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubelet-address", default="127.0.0.1:0",
                         help="HOST:PORT of the TLS endpoint the API server dials for `kubectl logs` "
                         "(port 0 picks one; empty turns it off)")
+    parser.add_argument("--idle-pods", action="store_true",
+                        help="run every pod's processes at the lowest CPU priority (SCHED_IDLE, niceness 19, their "
+                        "session's autogroup at niceness 19): a GPU node's pods do not share the control plane's "
+                        "CPUs, so on one machine they yield to it")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product, metrics_address=args.metrics_address,
         image_map=args.image_map, time_scale=args.time_scale, node_prefix=args.node_prefix,
         pod_network=args.pod_network, cpu=args.cpu, memory=args.memory, max_pods=args.max_pods,
-        extra_labels=labels, taints=taints, kubelet_address=args.kubelet_address,
+        extra_labels=labels, taints=taints, kubelet_address=args.kubelet_address, idle_pods=args.idle_pods,
     )
     return NodeAgent(config).run()
 

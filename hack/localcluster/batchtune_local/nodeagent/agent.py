@@ -53,6 +53,9 @@ class AgentConfig:
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Mapping[str, str], ...] = ()
     """Node taints ({key, value, effect}); a test pool uses one to keep other pods off."""
+    idle_pods: bool = False
+    """Every pod's processes at the lowest CPU priority (`process.lowest_cpu_priority`): a GPU node's pods do not
+    share the control plane's CPUs, and on one machine they need not starve it."""
 
     @property
     def node_names(self) -> list[str]:
@@ -253,7 +256,7 @@ class NodeAgent:
             node: NodeSettings(
                 node=node, gpu_product=config.gpu_product, gpus_per_node=config.gpus_per_node,
                 image_map=self.image_map, state_dir=Path(config.state_dir), time_scale=config.time_scale,
-                allocatable=config.resources(), base_env=base_env,
+                allocatable=config.resources(), base_env=base_env, idle_pods=config.idle_pods,
             )
             for node in config.node_names
         }

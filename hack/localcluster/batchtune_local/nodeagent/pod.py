@@ -53,6 +53,8 @@ class NodeSettings:
     host_ip: str = "127.0.0.1"
     allocatable: Mapping[str, str] = field(default_factory=dict)
     base_env: Mapping[str, str] = field(default_factory=dict)
+    idle_pods: bool = False
+    """Run every container at the lowest CPU priority (`process.lowest_cpu_priority`)."""
 
 
 class PodApi(Protocol):
@@ -354,7 +356,7 @@ class PodWorker:
         log_path = self.log_dir / f"{c.name}.log"
         c.log_offset = log_path.stat().st_size if log_path.exists() else 0
         try:
-            process = ContainerProcess.start(argv, env, self.pod_dir, log_path)
+            process = ContainerProcess.start(argv, env, self.pod_dir, log_path, idle=self.settings.idle_pods)
         except OSError as exc:
             # Like a container whose entrypoint is missing: it fails to start (exit 128).
             self._record_exit(c, Terminated(128, "StartError", now, now, f"{type(exc).__name__}: {exc}"), now)

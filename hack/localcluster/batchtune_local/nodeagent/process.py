@@ -25,6 +25,23 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+LOWEST_NICENESS = 19
+
+
+def lowest_cpu_priority(pid: int) -> None:
+    """The process group `pid` leads at the lowest CPU priority: SCHED_IDLE (a waking normal task preempts it at
+    once), niceness 19, and its session's autogroup at niceness 19. With autogroup scheduling
+    (/proc/sys/kernel/sched_autogroup_enabled) a niceness orders processes only within a session, and each container
+    is a session of its own, so the autogroup's niceness is what weighs it against the control plane's processes.
+    Applied as the process starts (it has not started threads or children yet); a kernel without autogroups has no
+    /proc/PID/autogroup, and the task's own priority is all there is."""
+    with contextlib.suppress(ProcessLookupError):
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        os.setpriority(os.PRIO_PGRP, pid, LOWEST_NICENESS)
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(LOWEST_NICENESS))
+
+
 class ContainerProcess:
     """A container's process group (the leader's PID is the group ID)."""
 
@@ -37,14 +54,19 @@ class ContainerProcess:
 
     @classmethod
     def start(
-        cls, argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str], log_path: str | os.PathLike[str]
+        cls, argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike[str], log_path: str | os.PathLike[str],
+        idle: bool = False,
     ) -> ContainerProcess:
+        """Start the container's command in a session of its own; `idle`: at the lowest CPU priority
+        (`lowest_cpu_priority`)."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )
+        if idle:
+            lowest_cpu_priority(popen.pid)
         return cls(popen.pid, start_ticks(popen.pid) or 0, popen)
 
     @classmethod
