@@ -118,17 +118,51 @@ if __name__ == "__main__":
           f"{len(running[0]['open']['results'])} x {size(running[0]['open']['results'][0])} B")
     print(f"  the rest {size(rest)} B: " + ", ".join(f"{k} {size(v)}" for k, v in
                                                     sorted(rest.items(), key=lambda kv: -size(kv[1])) if size(v) > 1000))
-    print(f"  a metric map at its widest: {size(trials[0]['metrics'])} B")
-    # What tighter bounds alone would give (the same object, its lists cut to them): still over the budget.
-    tight = json.loads(json.dumps(obj))
-    st = tight["status"]
-    st["trials"], st["pruned"] = st["trials"][:33], st["pruned"][:64]
-    st["running"] = [dict(r, steps=r["steps"][:10], open=dict(r["open"], results=r["open"]["results"][:5]))
-                     for r in st["running"][:9]]
-    for holder, key in ((st["baseline"], "args"), (st["recommendation"], "args"),
-                        *((c, k) for c in (st["recommendation"]["container"], st["applied"]["previous"],
-                                           st["applied"]["new"]) for k in ("command", "args"))):
-        holder[key] = [word[:256] for word in holder[key]]
+    print(f"  metric maps at their widest: a trial's {size(trials[0]['metrics'])} B, a step's or a run's "
+          f"{size(trials[0]['steps'][0]['metrics'])} B, a prediction's {size(trials[0]['prediction']['metrics'])} B")
     maps = json.dumps(obj).count('"ttftMs"')
-    print(f"  metric maps: {maps}; with maxTrials 32, maxParallelTrials 8, repeats 5, 10 steps per running trial, "
-          f"64 pruned settings and command-line words of 256 characters: {size(tight)} B")
+    print(f"  metric maps: {maps}")
+    # What each further cut would give, cumulatively, from the same schema with the cut applied (none is made today).
+    import copy
+
+    import api_crd
+
+    schema = copy.deepcopy(api_crd.openapi_schema())
+    st_, sp_ = schema["properties"]["status"]["properties"], schema["properties"]["spec"]["properties"]
+    trial_, running_ = st_["trials"]["items"]["properties"], st_["running"]["items"]["properties"]
+    open_ = running_["open"]["properties"]
+    unread = {"ttftHistogramMs", "itlHistogramMs", "e2eHistogramMs", "inFlight", "offeredRequestRate", "queueMs",
+              "promptThroughput", "smOccupancyPercent", "tensorActivePercent", "dramActivePercent", "fbUsedMiB",
+              "fbFreeMiB", "gpus", "tokensPerJoule"}
+
+    def _unread() -> None:
+        for node in (trial_["metrics"], trial_["steps"]["items"]["properties"]["metrics"],
+                     running_["steps"]["items"]["properties"]["metrics"], open_["results"]["items"]["properties"]["metrics"]):
+            node["properties"] = {k: v for k, v in node["properties"].items() if k not in unread}
+
+    def _command_lines(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "array" and (node.get("items") or {}).get("maxLength") == 512:
+                node["maxItems"], node["items"]["maxLength"] = 48, 256
+            for sub in node.values():
+                _command_lines(sub)
+
+    cuts = [
+        ("figures no code reads after a run is read, off steps, runs and trials (14 of 39)", _unread),
+        ("10 steps per running trial", lambda: running_["steps"].update(maxItems=10)),
+        ("maxParallelTrials 8 (9 running)", lambda: st_["running"].update(maxItems=9)),
+        ("maxTrials 32 (33 trials)", lambda: st_["trials"].update(maxItems=33)),
+        ("repeats 5", lambda: open_["results"].update(maxItems=5)),
+        ("command lines of 48 words of 256 characters", lambda: _command_lines(st_)),
+        ("extraArgs of 512 characters, 64 pruned settings",
+         lambda: (sp_["searchSpace"]["properties"]["extraArgs"]["items"].update(maxLength=512),
+                  st_["pruned"].update(maxItems=64))),
+        ("2 kept steps per finished trial", lambda: trial_["steps"].update(maxItems=2)),
+    ]
+    print("  further cuts, each with those above it:")
+    for label, cut in cuts:
+        cut()
+        spec_ = largest(schema["properties"]["spec"])
+        whole = {"metadata": test_api_object_size._metadata(spec_), "spec": spec_,
+                 "status": largest(schema["properties"]["status"])}
+        print(f"    {label}: {size(whole)} B")

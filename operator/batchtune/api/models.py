@@ -52,7 +52,16 @@ from batchtune.core.settings import Setting as CoreSetting
 from batchtune.core.slo import PERCENTILES, SloTargets
 from batchtune.core.trial_loop import KEPT_STEPS
 from batchtune.core.verify import InconclusivePolicy
-from batchtune.core.vocabulary import M, Phase, StepPurpose, TrialState, Verdict
+from batchtune.core.vocabulary import (
+    PREDICTED_METRICS,
+    STEP_METRICS,
+    TRIAL_METRICS,
+    M,
+    Phase,
+    StepPurpose,
+    TrialState,
+    Verdict,
+)
 from batchtune.core.warmup import WarmupMode
 from batchtune.core.workload import ArrivalProfile as CoreArrivalProfile
 from batchtune.core.workload import DriftThresholds
@@ -1035,7 +1044,23 @@ METRIC_KEYS = tuple(str(m.value) for m in M)
 Metrics = Annotated[dict[str, float], BeforeValidator(_known(METRIC_KEYS)), BeforeValidator(_finite_metrics),
                     WithJsonSchema(_figures_schema(METRIC_KEYS, "The figure"))]
 """Status metric keys (`batchtune.core.vocabulary.M`: ttftMs, outputThroughput, ...) -> finite numbers; any other
-key is dropped."""
+key is dropped. Production's figures (applied.before/after); the records status keeps many of hold fewer keys, each
+what its writer can write (issue 22: a figure costs 41 bytes on average at its widest, in every step, run and prediction)."""
+STEP_METRIC_KEYS = tuple(str(m.value) for m in STEP_METRICS)
+StepMetrics = Annotated[dict[str, float], BeforeValidator(_known(STEP_METRIC_KEYS)), BeforeValidator(_finite_metrics),
+                        WithJsonSchema(_figures_schema(STEP_METRIC_KEYS, "The figure"))]
+"""A load run's figures, and a step's (the worst case over its runs): `vocabulary.STEP_METRICS`, no trial conclusion
+(SLO capacity, peaks: drawn from all steps) and no production-only count."""
+TRIAL_METRIC_KEYS = tuple(str(m.value) for m in TRIAL_METRICS)
+TrialMetrics = Annotated[dict[str, float], BeforeValidator(_known(TRIAL_METRIC_KEYS)),
+                         BeforeValidator(_finite_metrics), WithJsonSchema(_figures_schema(TRIAL_METRIC_KEYS, "The figure"))]
+"""A trial's figures: its deciding step's and its conclusions (`vocabulary.TRIAL_METRICS`)."""
+PREDICTED_METRIC_KEYS = tuple(str(m.value) for m in PREDICTED_METRICS)
+PredictedMetrics = Annotated[dict[str, float], BeforeValidator(_known(PREDICTED_METRIC_KEYS)),
+                             BeforeValidator(_finite_metrics),
+                             WithJsonSchema(_figures_schema(PREDICTED_METRIC_KEYS, "The predicted figure"))]
+"""A prediction's figures (`vocabulary.PREDICTED_METRICS`): what a twin predicts (latencies, throughputs, the running
+batch) and what the report holds a prediction against."""
 TWIN_PARAMETER_KEYS = (
     "bwScale", "flopsScale", "stepOverheadS", "seqOverheadS", "layerFloorS", "memoryOffsetGib", "activationScale",
     "runtimeFragmentFraction", "runtimeFixedGib", "frontendPerRequestS", "frontendPerPromptTokenS", "responsePathS",
@@ -1055,7 +1080,7 @@ DriftFigures = Annotated[dict[str, float], BeforeValidator(_known(DRIFT_KEYS)), 
 class RunRecord(_Status):
     """One load run of a step (a repeat)."""
 
-    metrics: Metrics = Field(default_factory=dict)
+    metrics: StepMetrics = Field(default_factory=dict)
     """What the run measured (latencies at the SLO percentile, in milliseconds)."""
     cross_check: Note | None = None
     """Where Prometheus and the load generator disagreed."""
@@ -1072,7 +1097,7 @@ class StepRecord(_Status):
     lengthened (too few requests)."""
     lengthened: Annotated[int, Field(ge=0)] = 0
     """How many of the attempts were lengthened runs rather than failed ones."""
-    metrics: Metrics | None = None
+    metrics: StepMetrics | None = None
     """The step's metrics (worst case over repeats)."""
     verdict: Verdict | None = None
     """Met, Violated or Unknown against the SLO at this load; unset while the step runs."""
@@ -1133,7 +1158,7 @@ class TrialPrediction(_Status):
     """Predicted objective (the objective's unit; sloCapacity: requests per second)."""
     capacity_load: Annotated[int, Field(ge=1)] | None = None
     """Predicted capacity: the load the trial's search starts at (concurrent requests, or requests per minute)."""
-    metrics: Metrics = Field(default_factory=dict)
+    metrics: PredictedMetrics = Field(default_factory=dict)
     """Predicted figures at that load (status metric keys, latencies at the SLO percentile)."""
     simulated: bool = False
     """The event simulation confirmed it (else the fast path's estimate)."""
@@ -1174,7 +1199,7 @@ class TrialRecord(_Status):
     """When the trial was decided (its Deployment is created right after)."""
     finished_at: Timestamp | None = None
     """When the trial reached Done, Infeasible or Failed."""
-    metrics: Metrics | None = None
+    metrics: TrialMetrics | None = None
     """What the trial measured."""
     verdict: Verdict | None = None
     """Met, Violated or Unknown against the SLO."""
@@ -1561,7 +1586,7 @@ class TwinPredictionRecord(_Status):
     """Predicted objective."""
     capacity_load: Annotated[int, Field(ge=1)] | None = None
     """Predicted capacity load (concurrent requests, or requests per minute)."""
-    metrics: Metrics = Field(default_factory=dict)
+    metrics: PredictedMetrics = Field(default_factory=dict)
     """Predicted figures at that load."""
     simulated: bool = False
     """The event simulation confirmed it (else the fast path's estimate)."""

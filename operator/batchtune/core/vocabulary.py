@@ -247,4 +247,19 @@ class M(StrEnum):
     PREEMPTIONS_PEAK_PER_SECOND = "preemptionsPeakPerSecond"
 
 
+CONCLUSION_METRICS = (M.SLO_CAPACITY, M.SLO_CAPACITY_LOAD, M.TOKENS_PER_JOULE, M.KV_CACHE_USAGE_PEAK_PERCENT,
+                      M.PREEMPTIONS_PEAK_PER_SECOND)
+"""A trial's figures drawn from all its steps (`protocol.conclude`): a trial has them, never a step or a run."""
+PRODUCTION_METRICS = (M.REQUESTS,)
+"""Figures only production's verify windows have (`promql.production_queries`), never a trial's run."""
+STEP_METRICS = tuple(m for m in M if m not in CONCLUSION_METRICS and m not in PRODUCTION_METRICS)
+"""What a load run measures (`promql.trial_queries` and the load generator's own counts), so what a run and a
+step (the worst case over its runs) can hold in status."""
+TRIAL_METRICS = tuple(m for m in M if m not in PRODUCTION_METRICS)
+"""A trial's figures: its deciding step's (`STEP_METRICS`) and its conclusions."""
+PREDICTED_METRICS = (M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.TTFT_MEAN_MS, M.ITL_MEAN_MS, M.REQUEST_THROUGHPUT,
+                     M.OUTPUT_THROUGHPUT, M.RUNNING_REQUESTS, M.SLO_CAPACITY, M.KV_CACHE_USAGE_PERCENT)
+"""What a prediction in status holds: the figures a twin predicts for a setting (`twin.guide.bench_names`) and the
+ones the report holds a prediction against (`report_html.COMPARED`)."""
+
 LATENCY_METRICS = (M.TTFT_MS, M.ITL_MS, M.E2E_MS)

@@ -84,25 +84,25 @@ class Deployment:
 # ---- status metrics <-> bench keys ---------------------------------------------------------------
 
 
+def bench_names(percentile: int) -> dict[str, str]:
+    """Status metric key -> `vllm bench serve` key at the SLO percentile, for every figure a twin predicts (a
+    prediction in status keeps these and the ones the report compares: `vocabulary.PREDICTED_METRICS`)."""
+    p = f"p{percentile}"
+    return {M.TTFT_MS: f"{p}_ttft_ms", M.ITL_MS: f"{p}_itl_ms", M.E2E_MS: f"{p}_e2el_ms",
+            M.TTFT_MEAN_MS: "mean_ttft_ms", M.ITL_MEAN_MS: "mean_itl_ms",
+            M.REQUEST_THROUGHPUT: "request_throughput", M.OUTPUT_THROUGHPUT: "output_throughput",
+            M.RUNNING_REQUESTS: "mean_running_requests"}
+
+
 def bench_metrics(metrics: Mapping[str, float], percentile: int) -> dict[str, float]:
     """Status metric keys (a step's) as `vllm bench serve` keys at the SLO percentile."""
-    p = f"p{percentile}"
-    names = {M.TTFT_MS: f"{p}_ttft_ms", M.ITL_MS: f"{p}_itl_ms", M.E2E_MS: f"{p}_e2el_ms",
-             M.TTFT_MEAN_MS: "mean_ttft_ms", M.ITL_MEAN_MS: "mean_itl_ms",
-             M.REQUEST_THROUGHPUT: "request_throughput", M.OUTPUT_THROUGHPUT: "output_throughput",
-             M.RUNNING_REQUESTS: "mean_running_requests"}
-    return {bench: float(metrics[status]) for status, bench in names.items()
+    return {bench: float(metrics[status]) for status, bench in bench_names(percentile).items()
             if isinstance(metrics.get(status), (int, float)) and math.isfinite(float(metrics[status]))}
 
 
 def status_metrics(bench: Mapping[str, float], percentile: int) -> dict[str, float]:
     """The inverse: predicted bench keys as the status metric keys a trial would carry."""
-    p = f"p{percentile}"
-    names = {f"{p}_ttft_ms": M.TTFT_MS, f"{p}_itl_ms": M.ITL_MS, f"{p}_e2el_ms": M.E2E_MS,
-             "mean_ttft_ms": M.TTFT_MEAN_MS, "mean_itl_ms": M.ITL_MEAN_MS,
-             "request_throughput": M.REQUEST_THROUGHPUT, "output_throughput": M.OUTPUT_THROUGHPUT,
-             "mean_running_requests": M.RUNNING_REQUESTS}
-    return {status: round(float(bench[key]), 4) for key, status in names.items()
+    return {status: round(float(bench[key]), 4) for status, key in bench_names(percentile).items()
             if key in bench and math.isfinite(float(bench[key]))}
 
 
