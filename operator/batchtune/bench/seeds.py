@@ -1,15 +1,17 @@
 """Which hidden realities (`bench.reality`) a result is reported on, and which the rules were developed on.
 
-The strategies' rules were tuned on every scenario's reality at truth seed 0, so that set is evidence for nothing:
-a result is reported on other, held-out realities (seeds 1-5 by default) and says which it used. This module is
+The strategies' rules were tuned on every scenario's reality at truth seed 0, and Adaptive's `batch_never_filled`
+and `too_few_requests` rules and the offered-rate capacity were written after reading seeds 1-5's cases, so that
+set is evidence for nothing: a result is reported on other, held-out realities (seeds 6-10 by default) and says
+which it used. This module is
 apart from `reality.py` on purpose: the oracle cache's key hashes that file's source.
 """
 
 from __future__ import annotations
 
-DEVELOPMENT_TRUTH_SEEDS: tuple[int, ...] = (0,)
-"""The realities the strategies' rules were developed on (`--truth-seeds 0`): not evidence for them."""
-REPORTING_TRUTH_SEEDS: tuple[int, ...] = (1, 2, 3, 4, 5)
+DEVELOPMENT_TRUTH_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+"""The realities the strategies' rules were developed on or read for (`--truth-seeds 0-5`): not evidence for them."""
+REPORTING_TRUTH_SEEDS: tuple[int, ...] = (6, 7, 8, 9, 10)
 """The held-out realities a result is reported on (`--truth-seeds`' default)."""
 
 
