@@ -49,3 +49,21 @@ def test_a_cached_evaluation_comes_back_only_to_the_same_truth(tmp_path) -> None
     assert save_from(judge, tmp_path) is not None
     assert load_into(Judge(TINY, SyntheticTruth()), tmp_path) == 1
     assert load_into(Judge(TINY, SyntheticTruth(memory_gib=40.0)), tmp_path) == 0
+
+
+def test_the_policy_oracle_picks_the_same_from_a_warm_cache(tmp_path) -> None:
+    # The policy judges each setting's figures (latencies at its capacity), not only its objective: a cache that
+    # dropped the readings made every warm run's policy pick nothing, and every policy regret 0.
+    from batchtune.bench.policy import policy_pick, tightened
+
+    scenario = replace(TINY, load_kind="request_rate")
+    truth = SyntheticTruth()
+    cold_tight = Judge(tightened(scenario, 10), truth)
+    cold = policy_pick(Judge(scenario, truth), truth, tight_judge=cold_tight)
+    assert cold.knobs is not None
+    assert save_from(cold_tight, tmp_path) is not None
+    warm_tight = Judge(tightened(scenario, 10), truth)
+    assert load_into(warm_tight, tmp_path) == len(scenario.tuner_space.grid())
+    warm = policy_pick(Judge(scenario, truth), truth, tight_judge=warm_tight)
+    assert warm_tight.evaluations == 0  # every evaluation came from the cache
+    assert (warm.knobs, warm.objective) == (cold.knobs, cold.objective)

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from batchtune.bench.evaluate import Evaluation, Judge
-from batchtune.bench.types import Knobs, Load
+from batchtune.bench.types import Knobs, Load, Reading
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
+"""4: each evaluation keeps its reading (the policy oracle reads its figures; without them a warm cache picked nothing)."""
 
 
 def cache_dir() -> Path:
@@ -102,7 +103,8 @@ def load_into(judge: Judge, directory: Path | None = None) -> int:
     for entry in entries:
         knobs = Knobs(**entry["knobs"])
         load = Load(entry["load"]["kind"], entry["load"]["value"]) if entry.get("load") else None
-        judge._cache.setdefault(knobs, Evaluation(knobs, entry["objective"], load, None, entry.get("failure")))
+        judge._cache.setdefault(knobs, Evaluation(knobs, entry["objective"], load, _reading(entry.get("reading")),
+                                                  entry.get("failure")))
     return len(entries)
 
 
@@ -113,7 +115,8 @@ def save_from(judge: Judge, directory: Path | None = None) -> Path | None:
         path = directory / f"{judge.scenario.name}-{cache_key(judge)}.json"
         entries = [
             {"knobs": asdict(e.knobs), "objective": e.objective,
-             "load": {"kind": e.load.kind, "value": e.load.value} if e.load else None, "failure": e.failure}
+             "load": {"kind": e.load.kind, "value": e.load.value} if e.load else None, "failure": e.failure,
+             "reading": _entry(e.reading)}
             for e in judge._cache.values()
         ]
         tmp = path.with_suffix(".tmp")
@@ -122,3 +125,17 @@ def save_from(judge: Judge, directory: Path | None = None) -> Path | None:
         return path
     except OSError:
         return None  # a cache that cannot be written only costs time
+
+
+def _entry(reading: Reading | None) -> dict[str, Any] | None:
+    if reading is None:
+        return None
+    return {"load": {"kind": reading.load.kind, "value": reading.load.value}, "metrics": dict(reading.metrics),
+            "failure": reading.failure, "duration_s": reading.duration_s}
+
+
+def _reading(entry: dict[str, Any] | None) -> Reading | None:
+    if not entry:
+        return None
+    return Reading(Load(entry["load"]["kind"], entry["load"]["value"]), dict(entry["metrics"]), entry.get("failure"),
+                   entry.get("duration_s", 0.0))
