@@ -102,7 +102,7 @@ def load_into(judge: Judge, directory: Path | None = None) -> int:
         return 0
     for entry in entries:
         knobs = Knobs(**entry["knobs"])
-        load = Load(entry["load"]["kind"], entry["load"]["value"]) if entry.get("load") else None
+        load = Load(**entry["load"]) if entry.get("load") else None
         judge._cache.setdefault(knobs, Evaluation(knobs, entry["objective"], load, _reading(entry.get("reading")),
                                                   entry.get("failure")))
     return len(entries)
@@ -115,7 +115,7 @@ def save_from(judge: Judge, directory: Path | None = None) -> Path | None:
         path = directory / f"{judge.scenario.name}-{cache_key(judge)}.json"
         entries = [
             {"knobs": asdict(e.knobs), "objective": e.objective,
-             "load": {"kind": e.load.kind, "value": e.load.value} if e.load else None, "failure": e.failure,
+             "load": asdict(e.load) if e.load else None, "failure": e.failure,
              "reading": _entry(e.reading)}
             for e in judge._cache.values()
         ]
@@ -130,12 +130,11 @@ def save_from(judge: Judge, directory: Path | None = None) -> Path | None:
 def _entry(reading: Reading | None) -> dict[str, Any] | None:
     if reading is None:
         return None
-    return {"load": {"kind": reading.load.kind, "value": reading.load.value}, "metrics": dict(reading.metrics),
+    return {"load": asdict(reading.load), "metrics": dict(reading.metrics),
             "failure": reading.failure, "duration_s": reading.duration_s}
 
 
 def _reading(entry: dict[str, Any] | None) -> Reading | None:
     if not entry:
         return None
-    return Reading(Load(entry["load"]["kind"], entry["load"]["value"]), dict(entry["metrics"]), entry.get("failure"),
-                   entry.get("duration_s", 0.0))
+    return Reading(Load(**entry["load"]), dict(entry["metrics"]), entry.get("failure"), entry.get("duration_s", 0.0))
