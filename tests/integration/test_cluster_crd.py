@@ -67,3 +67,30 @@ def test_server_rejects_invalid_batchtuning_naming_the_field(kube, batchtuning_c
         return
     assert status in (400, 422), f"{path.name} was accepted by the API server (HTTP {status})"
     assert field in message, f"{path.name}: expected the field {field!r} in: {message}"
+
+
+def test_the_server_bounds_a_command_line_in_status_by_its_total_characters(kube, batchtuning_crd, namespace):
+    # The CRD's CEL rule (Kubernetes' list library `sum`) is what keeps the largest object within etcd's limit
+    # (tests/unit/test_api_object_size.py): one long word is fine, a longer line in total is refused by name.
+    from kubernetes.client.exceptions import ApiException
+
+    from batchtune.core.recommend import MAX_COMMAND_LINE_CHARACTERS
+
+    body = yaml.safe_load((INVALID / "01-missing-target-ref.yaml").read_text())
+    body["spec"]["targetRef"] = {"name": "llama-8b"}
+    body["metadata"] = {"name": "command-line-bound"}
+    kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    def write(args: list[str]) -> tuple[int, str]:
+        try:
+            kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, body["metadata"]["name"],
+                                                             {"status": {"baseline": {"args": args}}})
+        except ApiException as exc:
+            return exc.status, json.loads(exc.body)["message"]
+        return 200, ""
+
+    whole = ["sh", "-c", "x" * (MAX_COMMAND_LINE_CHARACTERS - 4)]  # a shell-form line: one word nearly all of it
+    assert write(whole) == (200, "")
+    status, message = write([*whole, "y"])
+    assert status == 422 and "status.baseline.args" in message and \
+        f"at most {MAX_COMMAND_LINE_CHARACTERS} characters" in message, (status, message)

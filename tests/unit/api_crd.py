@@ -101,10 +101,15 @@ def schema_errors(obj: Any) -> list[CrdError]:
     return out
 
 
+def _sum(values: Any) -> Any:
+    """Kubernetes' CEL list library `sum` (integers here, as the CRD's rules use it)."""
+    return celpy.celtypes.IntType(sum(int(v) for v in values))
+
+
 @cache
 def _program(rule: str) -> celpy.Runner:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions={"sum": _sum})
 
 
 def cel_errors(value: Any, node: dict[str, Any], path: str = "") -> list[CrdError]:

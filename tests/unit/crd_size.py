@@ -14,6 +14,7 @@ each; JSON escapes could make a string of control characters up to 6 times longe
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 WIDEST_NUMBER = -2.2250738585072014e-308
@@ -71,6 +72,9 @@ def _largest(node: dict[str, Any], path: str, problems: list[str], readable: boo
         if "maxItems" not in node:
             problems.append(f"{path}: a list without maxItems")
             return []
+        total = _characters_bound(node)
+        if total is not None:
+            return _strings_within(node, total)
         item = _largest(node.get("items") or {}, f"{path}[]", problems, readable)
         return [item] * int(node["maxItems"])
     if kind == "string":
@@ -93,6 +97,33 @@ def _largest(node: dict[str, Any], path: str, problems: list[str], readable: boo
         return False
     problems.append(f"{path}: no type")
     return None
+
+
+_TOTAL_RULE = re.compile(r"^self\.map\((\w+), size\(\1\)\)\.sum\(\) <= (\d+)$")
+
+
+def _characters_bound(node: dict[str, Any]) -> int | None:
+    """The total characters a list of strings may hold, where a CEL rule bounds it (`self.map(w, size(w)).sum() <=
+    N`, Kubernetes' list library); None where none does."""
+    if (node.get("items") or {}).get("type") != "string":
+        return None
+    bounds = [int(m.group(2)) for rule in node.get("x-kubernetes-validations") or ()
+              if (m := _TOTAL_RULE.match(rule.get("rule", "")))]
+    return min(bounds) if bounds else None
+
+
+def _strings_within(node: dict[str, Any], total: int) -> list[str]:
+    """The largest list of strings holding `total` characters together: every item there (each costs its quotes and
+    a comma), the characters in the first ones, each item within its own maxLength."""
+    items, count = node.get("items") or {}, int(node["maxItems"])
+    longest, shortest = int(items.get("maxLength", total)), int(items.get("minLength", 0))
+    left = total - shortest * count
+    out = []
+    for _ in range(count):
+        extra = max(0, min(longest - shortest, left))
+        out.append("x" * (shortest + extra))
+        left -= extra
+    return out
 
 
 def size(value: Any) -> int:
@@ -122,47 +153,3 @@ if __name__ == "__main__":
           f"{size(trials[0]['steps'][0]['metrics'])} B, a prediction's {size(trials[0]['prediction']['metrics'])} B")
     maps = json.dumps(obj).count('"ttftMs"')
     print(f"  metric maps: {maps}")
-    # What each further cut would give, cumulatively, from the same schema with the cut applied (none is made today).
-    import copy
-
-    import api_crd
-
-    schema = copy.deepcopy(api_crd.openapi_schema())
-    st_, sp_ = schema["properties"]["status"]["properties"], schema["properties"]["spec"]["properties"]
-    trial_, running_ = st_["trials"]["items"]["properties"], st_["running"]["items"]["properties"]
-    open_ = running_["open"]["properties"]
-    unread = {"ttftHistogramMs", "itlHistogramMs", "e2eHistogramMs", "inFlight", "offeredRequestRate", "queueMs",
-              "promptThroughput", "smOccupancyPercent", "tensorActivePercent", "dramActivePercent", "fbUsedMiB",
-              "fbFreeMiB", "gpus", "tokensPerJoule"}
-
-    def _unread() -> None:
-        for node in (trial_["metrics"], trial_["steps"]["items"]["properties"]["metrics"],
-                     running_["steps"]["items"]["properties"]["metrics"], open_["results"]["items"]["properties"]["metrics"]):
-            node["properties"] = {k: v for k, v in node["properties"].items() if k not in unread}
-
-    def _command_lines(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "array" and (node.get("items") or {}).get("maxLength") == 512:
-                node["maxItems"], node["items"]["maxLength"] = 48, 256
-            for sub in node.values():
-                _command_lines(sub)
-
-    cuts = [
-        ("figures no code reads after a run is read, off steps, runs and trials (14 of 39)", _unread),
-        ("10 steps per running trial", lambda: running_["steps"].update(maxItems=10)),
-        ("maxParallelTrials 8 (9 running)", lambda: st_["running"].update(maxItems=9)),
-        ("maxTrials 32 (33 trials)", lambda: st_["trials"].update(maxItems=33)),
-        ("repeats 5", lambda: open_["results"].update(maxItems=5)),
-        ("command lines of 48 words of 256 characters", lambda: _command_lines(st_)),
-        ("extraArgs of 512 characters, 64 pruned settings",
-         lambda: (sp_["searchSpace"]["properties"]["extraArgs"]["items"].update(maxLength=512),
-                  st_["pruned"].update(maxItems=64))),
-        ("2 kept steps per finished trial", lambda: trial_["steps"].update(maxItems=2)),
-    ]
-    print("  further cuts, each with those above it:")
-    for label, cut in cuts:
-        cut()
-        spec_ = largest(schema["properties"]["spec"])
-        whole = {"metadata": test_api_object_size._metadata(spec_), "spec": spec_,
-                 "status": largest(schema["properties"]["status"])}
-        print(f"    {label}: {size(whole)} B")

@@ -165,7 +165,8 @@ def test_settings_convert_to_and_from_the_core(core: CoreSetting) -> None:
     pytest.param({"ttftMs": math.inf, "e2eMs": -math.inf, "itlMs": 1}, {"ttftMs": 1e12, "itlMs": 1.0},
                  id="inf-latency-stays-a-violation"),
     pytest.param({"outputThroughput": math.inf, "itlMs": 1}, {"itlMs": 1.0}, id="inf-other-dropped"),
-    pytest.param({"ttftMs": 10, "queueMs": 3.5}, {"ttftMs": 10.0, "queueMs": 3.5}, id="any-key-kept"),
+    pytest.param({"ttftMs": 10, "kvPoolTokens": 3.5}, {"ttftMs": 10.0, "kvPoolTokens": 3.5}, id="any-key-kept"),
+    pytest.param({"ttftMs": 10, "queueMs": 3.5, "smOccupancyPercent": 40}, {"ttftMs": 10.0}, id="unkept-dropped"),
     pytest.param({"ttftMs": True, "itlMs": "fast", "e2eMs": None}, {}, id="not-numbers-dropped"),
 ])
 def test_metrics_keep_only_finite_numbers(metrics: dict[str, Any], expected: dict[str, float]) -> None:

@@ -34,14 +34,6 @@ DIFFBASE_ANNOTATION = "batchtune.io/last-handled-configuration"
 SAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "batchtuning-full.yaml"
 """kopf's diff base (`handlers.configure`): a copy of the spec inside the object's own metadata."""
 
-UNBOUNDED_TODAY = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="issue 22 section 9: running trials' steps are apart from the finished trials' few (104 MB before) and each "
-           "metric map holds only what its writer writes (2.76 MB before), but 767 step, run and trial maps of 1.3-1.6 "
-           "kB at their widest, 8 command lines of 32 kB and the spec's maxima keep the largest object at 2.44 MB; no "
-           "cut in crd_size.py's list reaches 1 MiB alone (docs/security.md)")
-
-
 def _schema() -> dict:
     return api_crd.openapi_schema()
 
@@ -92,6 +84,16 @@ def test_the_walker_fills_every_bound() -> None:
                                         "score": crd_size.WIDEST_NUMBER}
 
 
+def test_the_walker_fills_a_total_bound_on_a_list_of_strings() -> None:
+    # A CEL rule bounding the characters of a list together (command lines) bounds it more than its items' maxLength.
+    rule = {"rule": "self.map(w, size(w)).sum() <= 10"}
+    schema = {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 6},
+              "x-kubernetes-validations": [rule]}
+    assert crd_size.largest(schema) == ["xxxxxx", "xxxx", "", ""]
+    assert crd_size.largest({**schema, "x-kubernetes-validations": [{"rule": "size(self) <= 2"}]}) == ["xxxxxx"] * 4
+    assert api_crd.cel_errors(["x" * 6, "x" * 5], schema) != [] and api_crd.cel_errors(["x" * 6, "x" * 4], schema) == []
+
+
 def test_the_largest_spec_is_bounded_and_fits() -> None:
     spec = crd_size.largest(_schema()["properties"]["spec"], ".spec")
     # Twice: in spec and as kopf's diff base in metadata.
@@ -105,7 +107,6 @@ def test_no_status_field_is_unbounded() -> None:
     assert len(status["baseline"]["args"]) == len(status["applied"]["previous"]["command"]) == 64
 
 
-@UNBOUNDED_TODAY
 def test_the_largest_batchtuning_the_crd_admits_fits_in_etcd() -> None:
     obj = largest_object()
     total = crd_size.size(obj)
@@ -196,12 +197,13 @@ def test_each_record_keeps_the_figures_its_writer_can_write() -> None:
 def test_a_load_run_measures_only_step_figures_and_a_trial_adds_only_its_conclusions() -> None:
     # What justifies the step maps' keys: every figure a run's reading can hold (Prometheus' trial queries, the KV
     # pool, the load generator's counts) is one of STEP_METRICS, and concluding a trial adds only CONCLUSION_METRICS.
+    from batchtune.api.models import RunRecord
     from batchtune.core import promql, protocol
     from batchtune.core.measurement import run_result
     from batchtune.core.objective import Objective
     from batchtune.core.promql import LabelNames, MetricNames, QueryContext
     from batchtune.core.slo import SloTargets
-    from batchtune.core.vocabulary import CONCLUSION_METRICS, STEP_METRICS, M
+    from batchtune.core.vocabulary import CONCLUSION_METRICS, STEP_METRICS, UNKEPT_METRICS, M
     from batchtune.engines import VLLM
 
     ctx = QueryContext(MetricNames.build(VLLM.metrics), LabelNames(), LabelNames(model=None), 95)
@@ -211,8 +213,11 @@ def test_a_load_run_measures_only_step_figures_and_a_trial_adds_only_its_conclus
                "request_goodput": 8.0, "mean_ttft_ms": 40.0, "mean_itl_ms": 9.0, "p95_ttft_ms": 80.0,
                "p95_itl_ms": 12.0, "p95_e2el_ms": 900.0}
     run = run_result(prometheus, summary, 95)
-    assert set(run.metrics) <= set(STEP_METRICS), set(run.metrics) - set(STEP_METRICS)
-    assert len(run.metrics) >= len(STEP_METRICS) - 1, set(STEP_METRICS) - set(run.metrics)  # the step maps are used
+    kept = set(STEP_METRICS) | set(UNKEPT_METRICS)
+    assert set(run.metrics) <= kept, set(run.metrics) - kept
+    assert len(run.metrics) >= len(kept) - 1, kept - set(run.metrics)  # the step maps are used
+    # What a run record in status holds of it: its step figures, never the unkept ones.
+    assert set(RunRecord.model_validate({"metrics": run.metrics}).metrics) == set(run.metrics) & set(STEP_METRICS)
 
     config = protocol.ProtocolConfig(Objective.SLO_CAPACITY, SloTargets(ttft_ms=1000, max_error_rate_percent=5.0),
                                      open_loop=False)

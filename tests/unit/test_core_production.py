@@ -66,7 +66,8 @@ def _edited(**changes) -> str:
     pytest.param(_edited(applied={"command": ["vllm", 1]}), id="command-not-strings"),
     # Longer than status keeps (core.recommend.MAX_COMMAND_LINE_*): batchtune never writes such a mark.
     pytest.param(_edited(previous={"args": ["m"] * 65}), id="args-over-the-word-bound"),
-    pytest.param(_edited(applied={"command": ["vllm", "x" * 513]}), id="a-word-over-the-length-bound"),
+    pytest.param(_edited(applied={"command": ["vllm", "x" * 4093]}), id="a-command-line-over-the-character-bound"),
+    pytest.param(_edited(applied={"command": ["vllm", "x" * 4097]}), id="a-word-over-the-length-bound"),
 ])
 def test_malformed_annotation_reads_as_none(text):
     assert AppliedMark.read(_deployment(text)) is None

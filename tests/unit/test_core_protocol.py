@@ -651,3 +651,29 @@ def test_a_fail_above_a_thin_step_speaks_for_the_trial():
     conclusion = conclude([_thin(8), _step(32, -0.5)], CAPACITY)
     assert conclusion.verdict is Verdict.VIOLATED
     assert conclusion.verdict_reason.startswith("even the lowest load (32) fails")
+
+
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.floats(1.5, 3000), noise=st.lists(st.floats(0, 1), min_size=40, max_size=40),
+       kindness=st.floats(0, 0.6),
+       seqs=st.sampled_from([1, 4, 32, 256]), predicted=st.one_of(st.none(), st.integers(1, 4000)),
+       bracketing=st.booleans(), open_loop=st.booleans(), curve=st.integers(1, 5000))
+def test_a_trial_never_runs_more_steps_than_status_keeps(capacity, noise, kindness, seqs, predicted, bracketing,
+                                                          open_loop, curve):
+    # Status keeps every step of a running trial (api.models.MAX_STEPS_IN_STATUS is this bound): a search that ran
+    # one more could not be written. Short windows that read kindly (by up to `kindness`) mislead the search and
+    # fail their confirmations: the longest trials.
+    from batchtune.core.protocol import MAX_STEPS_PER_TRIAL
+
+    config = ProtocolConfig(Objective.SLO_CAPACITY, SLO, open_loop=open_loop, bracketing=bracketing,
+                            first_load=60 if open_loop else None)
+    steps: list[tuple[StepResult, bool]] = []
+    curve_load = CurveLoad(curve, open_loop)
+    while (step := next_step([s for s, _ in steps], Setting(seqs, 90), [], config, curve_load,
+                             any(c for _, c in steps), predicted)) is not None:
+        draw = noise[len(steps) % len(noise)]
+        margin = (capacity - step.load) / capacity + (kindness * draw if step.short else 0.35 * draw - 0.3)
+        result = _step(step.load, margin)
+        steps.append((StepResult(result.load, result.metrics, result.verdict, "", margin, full=not step.short),
+                      step.curve))
+        assert len(steps) <= MAX_STEPS_PER_TRIAL, [(s.load, s.full, s.passed, c) for s, c in steps]

@@ -144,3 +144,49 @@ def test_the_headroom_is_counted_once():
     # A capacity of 4 req/s measured under the SLO less 25% headroom serves a 12 req/s peak with 3 replicas;
     # taking the headroom off again (4 * 0.75 = 3 req/s) would ask for 4.
     assert replica_hint("SloCapacity", [4.0], 12.0, "the profile", 25).replicas == 3
+
+
+@pytest.mark.parametrize("char", [pytest.param('"', id="quotes-escaped-twice-as-long"),
+                                  pytest.param("\u4e2d", id="beyond-ascii-six-times-as-long")])
+def test_the_longest_command_line_planning_accepts_fits_every_patch_whole(char):
+    # Status keeps the patches at most Patch's 16384 characters and cuts a longer one: a cut patch would change
+    # production to a different container, so the command lines planning accepts must always fit whole.
+    from batchtune.api.models import Recommendation as RecommendationStatus
+    from batchtune.core.recommend import MAX_COMMAND_LINE_WORDS, command_line_problem
+
+    args = ["m", "--max-num-seqs", "256"]
+    while len(args) + 2 < MAX_COMMAND_LINE_WORDS - 8:
+        longer = [*args, char * 60]
+        rec = recommend(VLLM, TARGET, {**CONTAINER, "args": longer}, SETTING, EXTRA)
+        if command_line_problem(rec.container, "c") is not None:
+            break
+        args = longer
+    container = {**CONTAINER, "args": args}
+    rec = recommend(VLLM, TARGET, container, SETTING, EXTRA)
+    assert command_line_problem(rec.container, "c") is None and len(args) > 20
+    status = RecommendationStatus.model_validate({"setting": {"maxNumSeqs": 64, "gpuMemoryUtilizationPercent": 85},
+                                                  "reason": "r", "jsonPatch": rec.json_patch,
+                                                  "kustomizePatch": rec.kustomize_patch, "helmValues": rec.helm_values})
+    assert (status.json_patch, status.kustomize_patch, status.helm_values) == \
+        (rec.json_patch, rec.kustomize_patch, rec.helm_values)  # none cut
+    assert json.loads(rec.json_patch)[0]["value"] == list(rec.container.args or ())
+    kustomized = yaml.safe_load(rec.kustomize_patch)["spec"]["template"]["spec"]["containers"][0]
+    assert kustomized["args"] == list(rec.container.args or ())
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["m", "x" * 4000, "y" * 86], None, id="at-the-character-bound"),
+    pytest.param(["m", "x" * 4000, "y" * 87], "have 4097 characters (4117 spelled as JSON), more than the 4096 (8192)",
+                 id="one-character-over"),
+    pytest.param(["m", "\u4e2d" * 1350], None, id="at-most-the-json-bound"),
+    pytest.param(["m", "\u4e2d" * 1400], "have 1410 characters (8426 spelled as JSON), more than the 4096 (8192)",
+                 id="over-the-json-bound"),
+])
+def test_a_command_line_longer_than_status_keeps_is_refused_naming_its_length(args, message):
+    from batchtune.core.recommend import command_line_problem
+
+    problem = command_line_problem(ContainerArgs(("vllm", "serve"), tuple(args)), "spec.targetRef[vllm]")
+    if message is None:
+        assert problem is None
+    else:
+        assert problem is not None and problem.startswith(f"spec.targetRef[vllm].command and .args together {message}")

@@ -283,7 +283,7 @@ def test_the_memory_prefilter_is_held_against_what_the_trials_found():
     pytest.param(None, id="the-real-budget"),
     # Status is bounded (at most MAX_TRIALS_IN_STATUS trials, issue 22), so its largest report fits the real budget
     # before the last stages; a smaller budget makes the same status go through every stage.
-    pytest.param(100_000, id="a-budget-that-reaches-every-stage"),
+    pytest.param(80_000, id="a-budget-that-reaches-every-stage"),
 ])
 def test_the_configmap_carries_the_page_and_stays_under_a_mebibyte(monkeypatch, budget):
     bt = tuned()

@@ -40,12 +40,14 @@ from batchtune.core import tuning
 from batchtune.core.gitops import Manager
 from batchtune.core.gitwrite import ForgeType
 from batchtune.core.gitwrite import Layout as GitLayout
+from batchtune.core.manifests import MAX_NAME
 from batchtune.core.objective import Objective
 from batchtune.core.planning import SearchSpace as CoreSearchSpace
 from batchtune.core.planning import doublings
 from batchtune.core.promql import LabelNames as CoreLabelNames
 from batchtune.core.promql import MetricNames as CoreMetricNames
-from batchtune.core.recommend import MAX_COMMAND_LINE_WORD_LENGTH, MAX_COMMAND_LINE_WORDS
+from batchtune.core.protocol import MAX_STEPS_PER_TRIAL
+from batchtune.core.recommend import MAX_COMMAND_LINE_CHARACTERS, MAX_COMMAND_LINE_WORD_LENGTH, MAX_COMMAND_LINE_WORDS
 from batchtune.core.recommend import ContainerArgs as CoreContainerArgs
 from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
@@ -189,6 +191,8 @@ Word = Annotated[str, BeforeValidator(_cut(64)), Field(max_length=64)]
 """A state, source or hash."""
 Name = Annotated[str, BeforeValidator(_cut(253)), Field(max_length=253)]
 """A Kubernetes object name (or a Git commit or ref)."""
+ChildName = Annotated[str, BeforeValidator(_cut(MAX_NAME)), Field(max_length=MAX_NAME)]
+"""The name of an object batchtune creates for a tuning (`core.manifests.child_name`: at most 63 characters)."""
 Line = Annotated[str, BeforeValidator(_cut(500)), Field(max_length=500)]
 """One line of explanation."""
 Paragraph = Annotated[str, BeforeValidator(_cut(2000)), Field(max_length=2000)]
@@ -202,8 +206,22 @@ Patch = Annotated[str, BeforeValidator(_cut(16384)), Field(max_length=16384)]
 """A ready-made patch or values snippet (its container's command line and the setting)."""
 Timestamp = Annotated[datetime, WithJsonSchema({"type": "string", "format": "date-time", "maxLength": 64})]
 """An RFC 3339 time (the API server bounds only what the schema bounds, so this says how long one may be)."""
+COMMAND_LINE_TOTAL_RULE = f"self.map(w, size(w)).sum() <= {MAX_COMMAND_LINE_CHARACTERS}"
+"""The CRD's bound on a command line's characters together (Kubernetes' CEL list library: `sum`)."""
+
+
+def _command_line_total(words: list[str]) -> list[str]:
+    total = sum(len(word) for word in words)
+    if total > MAX_COMMAND_LINE_CHARACTERS:
+        raise ValueError(f"a command line of {total} characters, more than {MAX_COMMAND_LINE_CHARACTERS}")
+    return words
+
+
 CommandLine = Annotated[list[Annotated[str, Field(max_length=MAX_COMMAND_LINE_WORD_LENGTH)]],
-                        Field(max_length=MAX_COMMAND_LINE_WORDS)]
+                        Field(max_length=MAX_COMMAND_LINE_WORDS, json_schema_extra={"x-kubernetes-validations": [
+                            {"rule": COMMAND_LINE_TOTAL_RULE,
+                             "message": f"a command line has at most {MAX_COMMAND_LINE_CHARACTERS} characters"}]}),
+                        AfterValidator(_command_line_total)]
 """A container's command, its args, both together, or an engine's argv, whole: planning refuses a target whose command line (or the
 recommended one) is longer (`core.recommend.command_line_problem`), since a cut one would restore a different
 container; so this is never cut."""
@@ -222,18 +240,19 @@ EXTRA_ARG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=[!-#%-~]+)?$")
 
 MAX_NUM_SEQS_LIMIT = 65536
 MAX_NUM_BATCHED_TOKENS_LIMIT = 16_777_216
-MAX_TRIALS_LIMIT = 64
+MAX_TRIALS_LIMIT = 32
 """spec.strategy.maxTrials: status keeps every trial of a tuning (issue 22: the trials are most of the largest object)."""
-MAX_PARALLEL_TRIALS_LIMIT = 16
+MAX_PARALLEL_TRIALS_LIMIT = 8
+"""spec.strategy.maxParallelTrials: each running trial keeps every step in status (issue 22, section 9)."""
 MAX_TRIAL_INDEX = 2_147_483_647
 """Trial indexes (and the counter) stay int32: a forged counter past it is unreadable status, not an API error."""
 MAX_TRIALS_IN_STATUS = MAX_TRIALS_LIMIT + 1
 """spec.strategy.maxTrials, plus a retune round's trial 0 (production's own command line)."""
-MAX_STEPS_IN_STATUS = 16
+MAX_STEPS_IN_STATUS = MAX_STEPS_PER_TRIAL
 """Load steps of one trial: the capacity search's steps, its extra steps when misled, confirmations and the curve step
-(`core.protocol`: at most 10 today)."""
-MAX_REPEATS = 10
-"""spec.trial.repeats: the results a step keeps."""
+(`core.protocol.MAX_STEPS_PER_TRIAL`, 10)."""
+MAX_REPEATS = 5
+"""spec.trial.repeats: the results a step keeps (each running trial keeps its open step's runs in status)."""
 MAX_PRUNED_IN_STATUS = 200
 MAX_RUNNING_IN_STATUS = MAX_PARALLEL_TRIALS_LIMIT + 1
 """Running trials: spec.strategy.maxParallelTrials, plus a retune round's trial 0."""
@@ -309,7 +328,7 @@ def _nan_is_absent(value: Any) -> Any:
 MaxNumSeqs = Annotated[Int, Field(ge=1, le=MAX_NUM_SEQS_LIMIT)]
 GpuPercent = Annotated[Int, Field(ge=10, le=99)]
 BatchedTokens = Annotated[Int, Field(ge=16, le=MAX_NUM_BATCHED_TOKENS_LIMIT)]
-ExtraArg = Annotated[Str, Field(min_length=3, max_length=1024, pattern=EXTRA_ARG.pattern), AfterValidator(_extra_flag_form)]
+ExtraArg = Annotated[Str, Field(min_length=3, max_length=512, pattern=EXTRA_ARG.pattern), AfterValidator(_extra_flag_form)]
 Milliseconds = Annotated[Int, Field(ge=1, le=3_600_000)]
 MetricName = Annotated[Str, Field(min_length=1, max_length=256, pattern=PROM_METRIC_NAME)]
 LabelName = Annotated[Str, Field(min_length=1, max_length=128, pattern=PROM_LABEL_NAME), AfterValidator(_unreserved_label)]
@@ -1119,7 +1138,7 @@ class RunBookkeeping(_Status):
     """Repeat in progress, from 0."""
     attempt: Annotated[int, Field(ge=0)] = 0
     """Measurement attempt of the current repeat, from 0 (a run without data is run again)."""
-    job: Name | None = None
+    job: ChildName | None = None
     """Name of the current load-generator Job."""
     results: Annotated[list[RunRecord], Field(max_length=MAX_REPEATS)] = Field(default_factory=list)
     """Per-repeat measurements, kept until the step is closed."""
@@ -1183,7 +1202,7 @@ class TrialRecord(_Status):
 
     index: Annotated[int, Field(ge=0, le=MAX_TRIAL_INDEX)]
     """Position in the order trials were started (never reused by the BatchTuning)."""
-    name: Annotated[str, Field(min_length=1, max_length=253)]
+    name: Annotated[ChildName, Field(min_length=1)]
     """Name of the trial Deployment (<bt>-trial-<index>)."""
     setting: Setting
     """The setting tried."""
@@ -1546,13 +1565,13 @@ class RoundRecord(_Status):
     """When the round reached its decision (and production is watched again)."""
     workload: Annotated[str, Field(max_length=1000)] | None = None
     """The workload the round measured against."""
-    current_trial: Name | None = None
+    current_trial: ChildName | None = None
     """The trial that measured production's own setting (trial 0 of a retune)."""
     current_setting: Line | None = None
     """Production's setting when the round started."""
     current_objective: float | None = None
     """Its objective; unset: it did not meet the SLO (or was not measured)."""
-    best_trial: Name | None = None
+    best_trial: ChildName | None = None
     """The best other setting's trial."""
     best_setting: Line | None = None
     """The best other setting."""
@@ -1658,7 +1677,7 @@ class BatchTuningStatus(_Status):
     running: Annotated[list[RunningTrialRecord], Field(max_length=MAX_RUNNING_IN_STATUS)] = Field(default_factory=list)
     """The load steps of the running trials, one record each (on the wire only: reading status puts them back on
     their trials, and writing it takes them from there)."""
-    best_trial: Name | None = None
+    best_trial: ChildName | None = None
     """Name of the best trial."""
     best_setting: Line | None = None
     """The best trial's setting, short form (for kubectl get)."""

@@ -47,6 +47,9 @@ MAX_CONFIRMATIONS = 2
 """Full-window re-runs of a load a short step passed at, per trial (the search's step budget aside)."""
 EXTRA_STEPS_WHEN_MISLED = 2
 """Search steps added once a full window failed where a short one passed (its capacity lies lower)."""
+MAX_STEPS_PER_TRIAL = MAX_LOAD_STEPS + EXTRA_STEPS_WHEN_MISLED + MAX_CONFIRMATIONS + 1
+"""Every step a trial can run: its settled search steps, the short ones its confirmations re-measured, the curve step
+(what status keeps of a running trial, `api.models.MAX_STEPS_IN_STATUS`)."""
 
 # Worst case over repeats: the highest latency/error/queue, the lowest throughput, the mean of the rest.
 HIGHER_IS_WORSE = frozenset({

@@ -26,8 +26,15 @@ MAX_COMMAND_LINE_WORDS = 64
 """Words a container's `command` and `args` may have together: status keeps production's
 command line and the recommended one whole (baseline, recommendation, applied), each list bounded in the CRD so the
 largest BatchTuning fits in etcd (issue 22 section 9). A vLLM command line is 10 to 40 words."""
-MAX_COMMAND_LINE_WORD_LENGTH = 512
-"""Characters one word of a command line may have (a JSON-valued flag such as --compilation-config fits)."""
+MAX_COMMAND_LINE_CHARACTERS = 4096
+"""Characters a container's `command` and `args` may have together (a vLLM command line has a few hundred): status
+keeps eight such lists, and the CRD bounds their total (issue 22 section 9), not each word, so one word may hold a
+JSON-valued flag or a whole shell-form script."""
+MAX_COMMAND_LINE_WORD_LENGTH = MAX_COMMAND_LINE_CHARACTERS
+"""Characters one word may have: the whole command line's."""
+MAX_COMMAND_LINE_JSON = 2 * MAX_COMMAND_LINE_CHARACTERS
+"""Characters the command line may take spelled as JSON (escapes: a quote takes two, a character outside ASCII six),
+so that the ready-made patches in status always hold it whole."""
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,17 @@ def command_line_problem(args: ContainerArgs, where: str) -> str | None:
                 return (f"{where}.{field}[{i}] is {len(word)} characters long, more than the "
                         f"{MAX_COMMAND_LINE_WORD_LENGTH} batchtune keeps in status; it refuses the target rather "
                         "than cut its command line (a long value can come from a file the container reads)")
-    if len(args.flat()) > MAX_COMMAND_LINE_WORDS:
-        return (f"{where}.command and .args together have {len(args.flat())} words, more than the "
+    flat = args.flat()
+    if len(flat) > MAX_COMMAND_LINE_WORDS:
+        return (f"{where}.command and .args together have {len(flat)} words, more than the "
                 f"{MAX_COMMAND_LINE_WORDS} batchtune keeps in status (status.recommendation.args is the whole command "
                 "line); it refuses the target rather than cut its command line")
+    characters, spelled = sum(len(word) for word in flat), len(json.dumps(flat))
+    if characters > MAX_COMMAND_LINE_CHARACTERS or spelled > MAX_COMMAND_LINE_JSON:
+        return (f"{where}.command and .args together have {characters} characters ({spelled} spelled as JSON), more "
+                f"than the {MAX_COMMAND_LINE_CHARACTERS} ({MAX_COMMAND_LINE_JSON}) batchtune keeps in status; it "
+                "refuses the target rather than cut its command line (a long value can come from a file the "
+                "container reads)")
     return None
 
 

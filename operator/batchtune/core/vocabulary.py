@@ -252,10 +252,16 @@ CONCLUSION_METRICS = (M.SLO_CAPACITY, M.SLO_CAPACITY_LOAD, M.TOKENS_PER_JOULE, M
 """A trial's figures drawn from all its steps (`protocol.conclude`): a trial has them, never a step or a run."""
 PRODUCTION_METRICS = (M.REQUESTS,)
 """Figures only production's verify windows have (`promql.production_queries`), never a trial's run."""
-STEP_METRICS = tuple(m for m in M if m not in CONCLUSION_METRICS and m not in PRODUCTION_METRICS)
+UNKEPT_METRICS = (M.TTFT_HISTOGRAM_MS, M.ITL_HISTOGRAM_MS, M.E2E_HISTOGRAM_MS, M.IN_FLIGHT, M.OFFERED_REQUEST_RATE,
+                  M.QUEUE_MS, M.PROMPT_THROUGHPUT, M.SM_OCCUPANCY_PERCENT, M.TENSOR_ACTIVE_PERCENT,
+                  M.DRAM_ACTIVE_PERCENT, M.FB_USED_MIB, M.FB_FREE_MIB, M.GPUS)
+"""Figures a run measures that no decision, twin fit or report reads once the run is judged (the histogram copies and
+counts only cross-check the load generator then): status does not keep them, since each kept figure is paid for in
+every step and run of the largest object (issue 22, section 9)."""
+STEP_METRICS = tuple(m for m in M if m not in CONCLUSION_METRICS + PRODUCTION_METRICS + UNKEPT_METRICS)
 """What a load run measures (`promql.trial_queries` and the load generator's own counts), so what a run and a
 step (the worst case over its runs) can hold in status."""
-TRIAL_METRICS = tuple(m for m in M if m not in PRODUCTION_METRICS)
+TRIAL_METRICS = STEP_METRICS + CONCLUSION_METRICS
 """A trial's figures: its deciding step's (`STEP_METRICS`) and its conclusions."""
 PREDICTED_METRICS = (M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.TTFT_MEAN_MS, M.ITL_MEAN_MS, M.REQUEST_THROUGHPUT,
                      M.OUTPUT_THROUGHPUT, M.RUNNING_REQUESTS, M.SLO_CAPACITY, M.KV_CACHE_USAGE_PERCENT)
