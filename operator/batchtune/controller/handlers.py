@@ -25,7 +25,7 @@ from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import kube, retune, telemetry
 from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
-from batchtune.controller.kube import Indexes, KubeCluster, job_outcome, owner_uid, pod_digest
+from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Cluster, Install, Ports
 from batchtune.controller.reconcile import Outcome, on_delete, reconcile_outcome
 from batchtune.controller.reports import ReportQueue
@@ -41,6 +41,8 @@ from batchtune.core.manifests import (
     MANAGED_BY,
     label_value,
 )
+from batchtune.core.ownership import controller_owner
+from batchtune.core.pods import job_outcome, load_pod_succeeded
 from batchtune.core.policy import UrlCheck
 from batchtune.core.vocabulary import Phase, TrialState
 from batchtune.engines import ENGINES
@@ -180,12 +182,37 @@ def deployment_versions(namespace: str | None, name: str, meta: kopf.Meta, **_: 
 
 
 class LoadRunEnds:
-    """For each BatchTuning whose timer run waits for a load run to end, the signal that one of its load Jobs
-    finished, as the Job watch saw it (`owned_jobs`): the run reconciles then rather than on the timer's next run.
-    Only the event loop touches it (the index and the timer are async)."""
+    """For each BatchTuning whose timer run waits for a load run to end, the signal that one of its load runs
+    ended: its load pod succeeded, as the pod watch saw it (`batchtune_pods`), or its Job finished, as the Job watch
+    saw it (`owned_jobs`): the run reconciles then rather than on the timer's next run. The pod's end comes first (the
+    Job controller marks the Job Complete after it, through its own queue), and the reconcile reads the run from the
+    pod (`core.pods.load_run_outcome`). A pod is traced to its BatchTuning through its controller, the Job (by uid),
+    and that Job's owner, as the Job watch saw it (`owns`). Only the event loop touches it (the indexes and the timer
+    are async)."""
+
+    JOBS_KEPT = 4096
+    """A bound on the Jobs remembered (a Job is forgotten once it has finished, or when over the bound, oldest first)."""
 
     def __init__(self) -> None:
         self._listening: dict[str, asyncio.Event] = {}
+        self._owners: dict[str, str] = {}
+        """Job uid -> the uid of the BatchTuning that owns it, for the Jobs not finished yet."""
+
+    def owns(self, job_uid: str, tuning_uid: str, finished: bool) -> None:
+        """The Job watch saw a load Job of this BatchTuning (finished or not)."""
+        if finished:
+            self._owners.pop(job_uid, None)
+            self.ended(tuning_uid)
+            return
+        self._owners[job_uid] = tuning_uid
+        while len(self._owners) > self.JOBS_KEPT:
+            del self._owners[next(iter(self._owners))]
+
+    def pod_ended(self, job_uid: str) -> None:
+        """A pod controlled by this Job succeeded: its BatchTuning's load run ended (unknown Jobs are ignored)."""
+        owner = self._owners.get(job_uid)
+        if owner is not None:
+            self.ended(owner)
 
     def listen(self, uid: str) -> asyncio.Event:
         """A fresh signal for this timer run: a Job that ends from now on sets it."""
@@ -209,16 +236,20 @@ LOAD_RUN_ENDS = LoadRunEnds()
 async def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
     # Async: kopf runs a synchronous index function in its worker pool, where it queued behind the reconciles.
     uid = owner_uid(meta)
-    if uid and job_outcome(status)[0]:
-        LOAD_RUN_ENDS.ended(uid)
+    if uid and meta.get("uid"):
+        LOAD_RUN_ENDS.owns(str(meta["uid"]), uid, job_outcome(status)[0])
     return {(namespace, uid): {"name": name, "uid": meta.get("uid"), "status": dict(status)}} if uid else None
 
 
 @kopf.index("v1", "pods", labels=OURS)
-def batchtune_pods(namespace: str | None, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
+async def batchtune_pods(namespace: str | None, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
+    # Async, as `owned_jobs`: a load pod's end wakes its BatchTuning's timer without queueing behind the reconciles.
     digest = pod_digest(body)
     if labels.get(LABEL_COMPONENT) == COMPONENT_LOAD:
         job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        owner = controller_owner(digest)
+        if owner is not None and owner.kind == "Job" and owner.uid and load_pod_succeeded(digest) is not None:
+            LOAD_RUN_ENDS.pod_ended(owner.uid)
         return {(namespace, "job", job): digest} if job else None
     return {(namespace, labels.get(LABEL_TUNING), labels.get(LABEL_TRIAL), labels.get(LABEL_COMPONENT)): digest}
 
