@@ -315,7 +315,8 @@ def export_decision(body: Mapping[str, Any]) -> None:
 
 
 WAKES_PER_RUN = 4
-"""How many times one timer run may wake for a step that became possible (a bound: each wake is a full reconcile)."""
+"""How many times one timer run may wake for a step that became possible, or reconcile again after a tick of waiting
+for a load run's end (a bound: each is a full reconcile)."""
 
 
 def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) -> float | None:
@@ -331,13 +332,15 @@ def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) 
 async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped: Any = None, **kwargs: Any) -> None:
     """The timer: one reconcile in a worker thread; when it changed nothing but waits for a step that becomes possible
     before the timer's next run, it waits here, holding no worker, and reconciles again: for a known moment (a load
-    run's window complete in Prometheus), or for a load run still going to end (its Job's end, seen by the Job watch,
-    `LoadRunEnds`; when it does not end within a tick, the timer's next run is this run's last reconcile). The verdict
+    run's window complete in Prometheus), or for a load run still going to end (its pod's success or its Job's end,
+    seen by the pod and Job watches, `LoadRunEnds`). A load run that does not end within a tick gets the reconcile the
+    timer's next run would have made, taken here, and the run goes on waiting for its end, up to `WAKES_PER_RUN`
+    reconciles: an end that comes between two of the timer's runs is not left waiting for the next one. The verdict
     is written when its data is complete, not up to a tick later. kopf counts the interval from the end of a run, so a
-    run never waits longer than the tick it saves."""
+    run reconciles at least once a tick, as the timer would; each reconcile after a wait decides on kopf's body as it
+    is then (it is live: a change to the BatchTuning meanwhile is seen, `tick_current`)."""
     uid = body["metadata"]["uid"]
     ended = LOAD_RUN_ENDS.listen(uid)
-    waits_for_an_end = True  # once per run: a run never waits longer than the tick it saves
     try:
         current, outcome = await in_worker(tick_current, body, logger, kwargs)
         for _ in range(WAKES_PER_RUN):
@@ -347,8 +350,7 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
             pool: concurrent.futures.Executor | None = WAKE_WORKERS
             if delay is not None:
                 await wait_for(delay, stopped)
-            elif outcome.load_run_going and waits_for_an_end:
-                waits_for_an_end = False
+            elif outcome.load_run_going:
                 if not await wait_for(TICK_SECONDS, stopped, ended):
                     pool = WORKERS  # no end within a tick: the timer's next run, taken here
             else:
@@ -356,7 +358,7 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
             if stopped:
                 return
             ended.clear()
-            outcome = await in_worker(tick_once, current, logger, kwargs, pool=pool)
+            current, outcome = await in_worker(tick_current, body, logger, kwargs, pool=pool)
     finally:
         LOAD_RUN_ENDS.release(uid, ended)
     for key, value in (outcome.patch if outcome else {}).items():
