@@ -315,8 +315,11 @@ def export_decision(body: Mapping[str, Any]) -> None:
 
 
 WAKES_PER_RUN = 4
-"""How many times one timer run may wake for a step that became possible, or reconcile again after a tick of waiting
-for a load run's end (a bound: each is a full reconcile)."""
+"""How many times one timer run may wake for a step that became possible at a known moment (a bound: each wake is a
+full reconcile)."""
+END_WAITS_PER_RUN = 30
+"""How many ticks one timer run may wait for a load run that is going to end, reconciling after each (a minute at the
+chart's 2 s tick: a bound, not a cost; each reconcile is the one the timer's next run would have made)."""
 
 
 def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) -> float | None:
@@ -334,8 +337,8 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
     before the timer's next run, it waits here, holding no worker, and reconciles again: for a known moment (a load
     run's window complete in Prometheus), or for a load run still going to end (its pod's success or its Job's end,
     seen by the pod and Job watches, `LoadRunEnds`). A load run that does not end within a tick gets the reconcile the
-    timer's next run would have made, taken here, and the run goes on waiting for its end, up to `WAKES_PER_RUN`
-    reconciles: an end that comes between two of the timer's runs is not left waiting for the next one. The verdict
+    timer's next run would have made, taken here, and the run goes on waiting for its end (up to `END_WAITS_PER_RUN`
+    ticks): an end that comes between two of the timer's runs is not left waiting for the next one. The verdict
     is written when its data is complete, not up to a tick later. kopf counts the interval from the end of a run, so a
     run reconciles at least once a tick, as the timer would; each reconcile after a wait decides on kopf's body as it
     is then (it is live: a change to the BatchTuning meanwhile is seen, `tick_current`)."""
@@ -343,14 +346,15 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
     ended = LOAD_RUN_ENDS.listen(uid)
     try:
         current, outcome = await in_worker(tick_current, body, logger, kwargs)
-        for _ in range(WAKES_PER_RUN):
-            if outcome is None or outcome.patch:
-                break
+        wakes = end_waits = 0
+        while outcome is not None and not outcome.patch:
             delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
             pool: concurrent.futures.Executor | None = WAKE_WORKERS
-            if delay is not None:
+            if delay is not None and wakes < WAKES_PER_RUN:
+                wakes += 1
                 await wait_for(delay, stopped)
-            elif outcome.load_run_going:
+            elif delay is None and outcome.load_run_going and end_waits < END_WAITS_PER_RUN:
+                end_waits += 1
                 if not await wait_for(TICK_SECONDS, stopped, ended):
                     pool = WORKERS  # no end within a tick: the timer's next run, taken here
             else:
