@@ -352,11 +352,14 @@ def test_only_a_pod_traced_through_its_job_to_the_tuning_wakes_it():
         ends.pod_ended("job-uid-2")
         seen.append(woken.is_set())
         woken.clear()
-        ends.owns("job-uid-2", "tuning-uid", finished=True)  # the Job finished: woken, and forgotten
+        ends.pod_ended("job-uid-2")  # the pod's later events: the Job is forgotten once its pod succeeded
+        seen.append(woken.is_set())
+        ends.owns("job-uid-3", "tuning-uid", finished=False)
+        ends.owns("job-uid-3", "tuning-uid", finished=True)  # the Job finished: woken, and forgotten
         seen.append(woken.is_set())
         woken.clear()
-        ends.pod_ended("job-uid-2")
+        ends.pod_ended("job-uid-3")
         seen.append(woken.is_set())
         return seen
 
-    assert asyncio.run(run()) == [False, False, True, True, False]
+    assert asyncio.run(run()) == [False, False, True, False, True, False]

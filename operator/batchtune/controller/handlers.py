@@ -191,7 +191,8 @@ class LoadRunEnds:
     are async)."""
 
     JOBS_KEPT = 4096
-    """A bound on the Jobs remembered (a Job is forgotten once it has finished, or when over the bound, oldest first)."""
+    """A bound on the Jobs remembered (a Job is forgotten once its pod succeeded or the Job finished, or when over the
+    bound, oldest first: the operator deletes a Job it has read, often before the Job controller marks it Complete)."""
 
     def __init__(self) -> None:
         self._listening: dict[str, asyncio.Event] = {}
@@ -210,7 +211,7 @@ class LoadRunEnds:
 
     def pod_ended(self, job_uid: str) -> None:
         """A pod controlled by this Job succeeded: its BatchTuning's load run ended (unknown Jobs are ignored)."""
-        owner = self._owners.get(job_uid)
+        owner = self._owners.pop(job_uid, None)
         if owner is not None:
             self.ended(owner)
 
