@@ -23,6 +23,7 @@ from batchtune.controller.reconcile import on_delete, reconcile
 from batchtune.controller.tick import PROMETHEUS_BACKOFF, Tuning
 from batchtune.core.manifests import LABEL_COMPONENT, LABEL_TRIAL, LABEL_TUNING, label_value
 from batchtune.core.measurement import Window
+from batchtune.core.pods import load_run_outcome
 from batchtune.core.scrape import ScrapeInterval
 from batchtune.core.vocabulary import M
 from batchtune.core.workload import WorkloadObservation
@@ -190,6 +191,9 @@ class World:
     tuning_reads: int = 0
     """Reads of the BatchTuning from the API server (`FakeCluster.batchtuning`), not the watch's copy."""
     tuning_read_fails: bool = False
+    job_controller_lag: bool = False
+    """Load pods end (their termination message written) but the Job controller has not marked their Job Complete or
+    Failed yet (`complete_jobs` does it): as on a loaded control plane, where that comes seconds after the pod."""
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -276,9 +280,14 @@ class World:
                 "spec": {"nodeName": "gpu-node-0", "containers": [container]},
                 "status": status,
             }
+        self.run_load_jobs()
+
+    def run_load_jobs(self) -> None:
+        """Every load Job not run yet runs: its pod ends with the load generator's summary, and the Job controller
+        marks it Complete (or Failed), unless `job_controller_lag`."""
         for job in self.jobs.values():
             status = job.setdefault("status", {})
-            if status.get("conditions"):
+            if status.get("conditions") or f"{job['metadata']['name']}-pod" in self.pods:
                 continue
             args = job["spec"]["template"]["spec"]["containers"][0]["args"]
             if "--concurrency" in args:
@@ -289,14 +298,17 @@ class World:
                 load = int(round(float(args[args.index("--request-rate") + 1]) * 60))
             start = self.now - timedelta(seconds=60)
             end = self.now - timedelta(seconds=1)
+            status["startTime"] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
             if load in self.failing_loads:
-                status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "failed": 1,
-                               "conditions": [{"type": "Failed", "status": "True"}]})
-                self.load_pod(job, "load generator: connection refused")
+                job["outcome"] = {"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]}
+                self.load_pod(job, "load generator: connection refused", end, exit_code=1)
+                if not self.job_controller_lag:
+                    status.update(job["outcome"])
                 continue
-            status.update({"startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                           "completionTime": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "succeeded": 1,
-                           "conditions": [{"type": "Complete", "status": "True"}]})
+            job["outcome"] = {"completionTime": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "succeeded": 1,
+                              "conditions": [{"type": "Complete", "status": "True"}]}
+            if not self.job_controller_lag:
+                status.update(job["outcome"])
             job["load"] = load
             trial = job["metadata"]["labels"][LABEL_TRIAL]
             dep = self.deployments.get(f"{self.name}-trial-{trial}")
@@ -317,10 +329,17 @@ class World:
                        "output_throughput": figures[M.OUTPUT_THROUGHPUT]}
             if M.GOODPUT in figures and "--goodput" in args:
                 summary["request_goodput"] = figures[M.GOODPUT]
-            self.load_pod(job, json.dumps(summary))
+            self.load_pod(job, json.dumps(summary), end)
             job["figures"] = figures
 
-    def load_pod(self, job: Mapping[str, Any], message: str) -> None:
+    def complete_jobs(self) -> None:
+        """The Job controller catches up: every Job whose pod has ended is marked Complete (or Failed)."""
+        for job in self.jobs.values():
+            status = job.setdefault("status", {})
+            if job.get("outcome") and not status.get("conditions"):
+                status.update(job["outcome"])
+
+    def load_pod(self, job: Mapping[str, Any], message: str, end: datetime, exit_code: int = 0) -> None:
         """The Job's pod, ended with the load generator's termination message."""
         name = job["metadata"]["name"]
         self.pods[f"{name}-pod"] = {
@@ -329,8 +348,9 @@ class World:
                          "creationTimestamp": self.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
                          "ownerReferences": [controller_ref("Job", name, job["metadata"]["uid"])]},
             "spec": {"containers": [{"name": "loadgen", "resources": {}}]},
-            "status": {"phase": "Succeeded", "containerStatuses": [
-                {"name": "loadgen", "state": {"terminated": {"exitCode": 0, "message": message}}}]},
+            "status": {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
+                {"name": "loadgen", "state": {"terminated": {"exitCode": exit_code, "message": message,
+                                                             "finishedAt": end.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]},
         }
 
 
@@ -382,14 +402,13 @@ class FakeCluster:
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
         full = self.w.jobs[job["name"]]
         status = full.get("status") or {}
-        done = bool(status.get("conditions"))
-        failed = any(c["type"] == "Failed" for c in status.get("conditions") or [])
-
-        def t(key: str) -> datetime | None:
-            return datetime.fromisoformat(status[key].replace("Z", "+00:00")) if status.get(key) else None
         pods = tuple(copy.deepcopy(p) for p in self.w.pods.values()
-                     if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job["name"]) if done else ()
-        return JobRun(done, failed, t("startTime"), t("completionTime"), pods)
+                     if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job["name"])
+        done, failed, ended = load_run_outcome(status, pods, job.get("uid"))
+
+        def t(value: str | None) -> datetime | None:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+        return JobRun(done, failed, t(status.get("startTime")), t(ended), pods if done else ())
 
     def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         match = selector.get("matchLabels") or {}

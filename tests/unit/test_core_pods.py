@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from batchtune.core.pods import TrialFailure, classify_pod, load_message, log_wanted, owned_trial_pods, pod_is_ready
+from batchtune.core.pods import (
+    TrialFailure,
+    classify_pod,
+    load_message,
+    load_run_outcome,
+    log_wanted,
+    owned_trial_pods,
+    pod_is_ready,
+)
 from batchtune.core.vocabulary import Reason
 from batchtune.engines import VLLM
 
@@ -240,3 +248,51 @@ def test_a_trial_pod_counts_only_through_the_trial_deployments_replica_set():
     found = owned_trial_pods(pods, "dep-uid", lambda name, uid: replica_sets.get((name, uid)))
     assert found == [pods[0]]
     assert owned_trial_pods(pods, None, lambda name, uid: replica_sets.get((name, uid))) == []
+
+
+# ---- when a load run has ended ----------------------------------------------------------------------------------
+
+RUNNING_JOB = {"startTime": "2026-12-07T16:00:00Z", "active": 1}
+
+
+def _load_pod(kind: str | None, uid: str, phase: str, exit_code: int | None = 0, controller: bool = True) -> dict:
+    pod = _owned(kind, uid, controller)
+    pod["status"]["phase"] = phase
+    state = pod["status"]["containerStatuses"][0]["state"]
+    if exit_code is None:
+        pod["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-12-07T16:00:01Z"}}
+    else:
+        state["terminated"].update({"exitCode": exit_code, "finishedAt": "2026-12-07T16:00:09Z"})
+    return pod
+
+
+def test_a_load_run_has_ended_when_its_own_pod_succeeded_before_the_job_is_complete():
+    """The Job controller marks the Job Complete after the pod's end, through its own queue: seconds on a loaded control
+    plane (docs/benchmarks.md). The pod's end is the run's; the Job's status is not waited for."""
+    pod = _load_pod("Job", "job-uid", "Succeeded")
+    assert load_run_outcome(RUNNING_JOB, [pod], "job-uid") == (True, False, "2026-12-07T16:00:09Z")
+    assert load_message([pod], "job-uid") == "from Job job-uid"
+
+
+@pytest.mark.parametrize("pod", [
+    pytest.param(_load_pod(None, "", "Succeeded"), id="labels-only"),
+    pytest.param(_load_pod("Job", "other-uid", "Succeeded"), id="another-job"),
+    pytest.param(_load_pod("ReplicaSet", "job-uid", "Succeeded"), id="same-uid-other-kind"),
+    pytest.param(_load_pod("Job", "job-uid", "Succeeded", controller=False), id="not-the-controller"),
+    pytest.param(_load_pod("Job", "job-uid", "Running", exit_code=None), id="still-running"),
+    pytest.param(_load_pod("Job", "job-uid", "Failed", exit_code=1), id="failed: the Job controller decides"),
+])
+def test_only_the_jobs_own_succeeded_pod_ends_a_run_the_job_has_not(pod):
+    assert load_run_outcome(RUNNING_JOB, [pod], "job-uid") == (False, False, None)
+    assert load_run_outcome(RUNNING_JOB, [pod], None) == (False, False, None)
+
+
+def test_the_jobs_own_outcome_comes_first():
+    complete = {"startTime": "2026-12-07T16:00:00Z", "completionTime": "2026-12-07T16:00:11Z", "succeeded": 1,
+                "conditions": [{"type": "Complete", "status": "True"}]}
+    failed = {"startTime": "2026-12-07T16:00:00Z", "failed": 1,
+              "conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": "2026-12-07T16:00:12Z"}]}
+    succeeded = _load_pod("Job", "job-uid", "Succeeded")
+    assert load_run_outcome(complete, [succeeded], "job-uid") == (True, False, "2026-12-07T16:00:11Z")
+    assert load_run_outcome(failed, [succeeded], "job-uid") == (True, True, "2026-12-07T16:00:12Z")
+    assert load_run_outcome(complete, [], "job-uid") == (True, False, "2026-12-07T16:00:11Z")

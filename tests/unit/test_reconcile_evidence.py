@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ class ForgedLoadPods(World):
 
     owner: str | None = None
 
-    def load_pod(self, job: dict[str, Any], message: str) -> None:
-        super().load_pod(job, message)
+    def load_pod(self, job: dict[str, Any], message: str, end: datetime, exit_code: int = 0) -> None:
+        super().load_pod(job, message, end, exit_code)
         name = job["metadata"]["name"]
         claim = json.loads(message) if message.startswith("{") else {}
         claim.update({"p95_itl_ms": 1.0, "p95_ttft_ms": 1.0, "p95_e2el_ms": 2.0, "output_throughput": 1e6,

@@ -25,7 +25,7 @@ from batchtune.api import InvalidBatchTuning, parse_spec
 from batchtune.controller import kube, retune, telemetry
 from batchtune.controller import status as status_io
 from batchtune.controller.guidance import TwinWorker
-from batchtune.controller.kube import Indexes, KubeCluster, job_outcome, owner_uid, pod_digest
+from batchtune.controller.kube import Indexes, KubeCluster, owner_uid, pod_digest
 from batchtune.controller.ports import Cluster, Install, Ports
 from batchtune.controller.reconcile import Outcome, on_delete, reconcile_outcome
 from batchtune.controller.reports import ReportQueue
@@ -41,6 +41,8 @@ from batchtune.core.manifests import (
     MANAGED_BY,
     label_value,
 )
+from batchtune.core.ownership import controller_owner
+from batchtune.core.pods import job_outcome, load_pod_succeeded
 from batchtune.core.policy import UrlCheck
 from batchtune.core.vocabulary import Phase, TrialState
 from batchtune.engines import ENGINES
@@ -180,12 +182,38 @@ def deployment_versions(namespace: str | None, name: str, meta: kopf.Meta, **_: 
 
 
 class LoadRunEnds:
-    """For each BatchTuning whose timer run waits for a load run to end, the signal that one of its load Jobs
-    finished, as the Job watch saw it (`owned_jobs`): the run reconciles then rather than on the timer's next run.
-    Only the event loop touches it (the index and the timer are async)."""
+    """For each BatchTuning whose timer run waits for a load run to end, the signal that one of its load runs
+    ended: its load pod succeeded, as the pod watch saw it (`batchtune_pods`), or its Job finished, as the Job watch
+    saw it (`owned_jobs`): the run reconciles then rather than on the timer's next run. The pod's end comes first (the
+    Job controller marks the Job Complete after it, through its own queue), and the reconcile reads the run from the
+    pod (`core.pods.load_run_outcome`). A pod is traced to its BatchTuning through its controller, the Job (by uid),
+    and that Job's owner, as the Job watch saw it (`owns`). Only the event loop touches it (the indexes and the timer
+    are async)."""
+
+    JOBS_KEPT = 4096
+    """A bound on the Jobs remembered (a Job is forgotten once its pod succeeded or the Job finished, or when over the
+    bound, oldest first: the operator deletes a Job it has read, often before the Job controller marks it Complete)."""
 
     def __init__(self) -> None:
         self._listening: dict[str, asyncio.Event] = {}
+        self._owners: dict[str, str] = {}
+        """Job uid -> the uid of the BatchTuning that owns it, for the Jobs not finished yet."""
+
+    def owns(self, job_uid: str, tuning_uid: str, finished: bool) -> None:
+        """The Job watch saw a load Job of this BatchTuning (finished or not)."""
+        if finished:
+            self._owners.pop(job_uid, None)
+            self.ended(tuning_uid)
+            return
+        self._owners[job_uid] = tuning_uid
+        while len(self._owners) > self.JOBS_KEPT:
+            del self._owners[next(iter(self._owners))]
+
+    def pod_ended(self, job_uid: str) -> None:
+        """A pod controlled by this Job succeeded: its BatchTuning's load run ended (unknown Jobs are ignored)."""
+        owner = self._owners.pop(job_uid, None)
+        if owner is not None:
+            self.ended(owner)
 
     def listen(self, uid: str) -> asyncio.Event:
         """A fresh signal for this timer run: a Job that ends from now on sets it."""
@@ -209,16 +237,20 @@ LOAD_RUN_ENDS = LoadRunEnds()
 async def owned_jobs(namespace: str | None, name: str, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
     # Async: kopf runs a synchronous index function in its worker pool, where it queued behind the reconciles.
     uid = owner_uid(meta)
-    if uid and job_outcome(status)[0]:
-        LOAD_RUN_ENDS.ended(uid)
+    if uid and meta.get("uid"):
+        LOAD_RUN_ENDS.owns(str(meta["uid"]), uid, job_outcome(status)[0])
     return {(namespace, uid): {"name": name, "uid": meta.get("uid"), "status": dict(status)}} if uid else None
 
 
 @kopf.index("v1", "pods", labels=OURS)
-def batchtune_pods(namespace: str | None, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
+async def batchtune_pods(namespace: str | None, body: kopf.Body, labels: kopf.Labels, **_: Any) -> Any:
+    # Async, as `owned_jobs`: a load pod's end wakes its BatchTuning's timer without queueing behind the reconciles.
     digest = pod_digest(body)
     if labels.get(LABEL_COMPONENT) == COMPONENT_LOAD:
         job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        owner = controller_owner(digest)
+        if owner is not None and owner.kind == "Job" and owner.uid and load_pod_succeeded(digest) is not None:
+            LOAD_RUN_ENDS.pod_ended(owner.uid)
         return {(namespace, "job", job): digest} if job else None
     return {(namespace, labels.get(LABEL_TUNING), labels.get(LABEL_TRIAL), labels.get(LABEL_COMPONENT)): digest}
 
@@ -284,7 +316,11 @@ def export_decision(body: Mapping[str, Any]) -> None:
 
 
 WAKES_PER_RUN = 4
-"""How many times one timer run may wake for a step that became possible (a bound: each wake is a full reconcile)."""
+"""How many times one timer run may wake for a step that became possible at a known moment (a bound: each wake is a
+full reconcile)."""
+END_WAITS_PER_RUN = 30
+"""How many ticks one timer run may wait for a load run that is going to end, reconciling after each (a minute at the
+chart's 2 s tick: a bound, not a cost; each reconcile is the one the timer's next run would have made)."""
 
 
 def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) -> float | None:
@@ -300,24 +336,26 @@ def wake_delay(wake_at: datetime | None, now: datetime, horizon_seconds: float) 
 async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped: Any = None, **kwargs: Any) -> None:
     """The timer: one reconcile in a worker thread; when it changed nothing but waits for a step that becomes possible
     before the timer's next run, it waits here, holding no worker, and reconciles again: for a known moment (a load
-    run's window complete in Prometheus), or for a load run still going to end (its Job's end, seen by the Job watch,
-    `LoadRunEnds`; when it does not end within a tick, the timer's next run is this run's last reconcile). The verdict
+    run's window complete in Prometheus), or for a load run still going to end (its pod's success or its Job's end,
+    seen by the pod and Job watches, `LoadRunEnds`). A load run that does not end within a tick gets the reconcile the
+    timer's next run would have made, taken here, and the run goes on waiting for its end (up to `END_WAITS_PER_RUN`
+    ticks): an end that comes between two of the timer's runs is not left waiting for the next one. The verdict
     is written when its data is complete, not up to a tick later. kopf counts the interval from the end of a run, so a
-    run never waits longer than the tick it saves."""
+    run reconciles at least once a tick, as the timer would; each reconcile after a wait decides on kopf's body as it
+    is then (it is live: a change to the BatchTuning meanwhile is seen, `tick_current`)."""
     uid = body["metadata"]["uid"]
     ended = LOAD_RUN_ENDS.listen(uid)
-    waits_for_an_end = True  # once per run: a run never waits longer than the tick it saves
     try:
         current, outcome = await in_worker(tick_current, body, logger, kwargs)
-        for _ in range(WAKES_PER_RUN):
-            if outcome is None or outcome.patch:
-                break
+        wakes = end_waits = 0
+        while outcome is not None and not outcome.patch:
             delay = wake_delay(outcome.wake_at, datetime.now(UTC), TICK_SECONDS)
             pool: concurrent.futures.Executor | None = WAKE_WORKERS
-            if delay is not None:
+            if delay is not None and wakes < WAKES_PER_RUN:
+                wakes += 1
                 await wait_for(delay, stopped)
-            elif outcome.load_run_going and waits_for_an_end:
-                waits_for_an_end = False
+            elif delay is None and outcome.load_run_going and end_waits < END_WAITS_PER_RUN:
+                end_waits += 1
                 if not await wait_for(TICK_SECONDS, stopped, ended):
                     pool = WORKERS  # no end within a tick: the timer's next run, taken here
             else:
@@ -325,7 +363,7 @@ async def tick(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, stopped:
             if stopped:
                 return
             ended.clear()
-            outcome = await in_worker(tick_once, current, logger, kwargs, pool=pool)
+            current, outcome = await in_worker(tick_current, body, logger, kwargs, pool=pool)
     finally:
         LOAD_RUN_ENDS.release(uid, ended)
     for key, value in (outcome.patch if outcome else {}).items():

@@ -41,6 +41,7 @@ from batchtune.core.manifests import (
     LABEL_TUNING,
     label_value,
 )
+from batchtune.core.pods import load_run_outcome
 
 log = logging.getLogger(__name__)
 
@@ -248,16 +249,6 @@ class ReplicaSetControllers:
 REPLICA_SETS = ReplicaSetControllers()
 
 
-def job_outcome(status: Mapping[str, Any]) -> tuple[bool, bool, str | None]:
-    """(finished, failed, when it ended) of a Job, from its status as the Job controller writes it."""
-    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    failed = "Failed" in conditions
-    finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
-    ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
-        "lastTransitionTime")
-    return finished, failed, ended
-
-
 class KubeCluster:
     """`ports.Cluster` for a real API server."""
 
@@ -324,9 +315,9 @@ class KubeCluster:
 
     def job_run(self, namespace: str, job: Mapping[str, Any]) -> JobRun:
         status = job.get("status") or {}
-        finished, failed, ended = job_outcome(status)
-        pods = tuple(self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ())) if finished else ()
-        return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), pods)
+        pods = tuple(self.indexes.batchtune_pods.get((namespace, "job", str(job["name"])), ()))
+        finished, failed, ended = load_run_outcome(status, pods, job.get("uid"))
+        return JobRun(finished, failed, _time(status.get("startTime")), _time(ended), pods if finished else ())
 
     def production_pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         text = selector_text(selector)

@@ -171,6 +171,44 @@ def load_message(pods: Iterable[Mapping[str, Any]], job_uid: str | None) -> str 
     return message
 
 
+def job_outcome(status: Mapping[str, Any]) -> tuple[bool, bool, str | None]:
+    """(finished, failed, when it ended) of a Job, from its status as the Job controller writes it."""
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    failed = "Failed" in conditions
+    finished = failed or "Complete" in conditions or bool(status.get("succeeded"))
+    ended = status.get("completionTime") or (conditions.get("Failed") or conditions.get("Complete") or {}).get(
+        "lastTransitionTime")
+    return finished, failed, ended
+
+
+def load_pod_succeeded(pod: Mapping[str, Any]) -> str | None:
+    """When a load pod's every container ended with success (phase Succeeded): the last one's `finishedAt`, or ""
+    when none says; None while it has not succeeded. Whose pod it is, is `controlled_by`'s to say."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Succeeded":
+        return None
+    ends = [str(t["finishedAt"]) for cs in status.get("containerStatuses") or []
+            if (t := (cs.get("state") or {}).get("terminated") or {}).get("finishedAt")]
+    return max(ends, default="")
+
+
+def load_run_outcome(job_status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
+                     job_uid: str | None) -> tuple[bool, bool, str | None]:
+    """(finished, failed, when it ended) of a load run: the Job's own outcome (`job_outcome`), or, before the Job
+    controller has marked it Complete, its own pod (controlled by `job_uid`) having succeeded: the load generator has
+    exited 0 and its termination message holds its summary. The Job controller's Complete condition comes after the
+    pod's end, through its own queue and the Job watch (seconds on a loaded control plane: docs/benchmarks.md); a pod
+    that only carries the Job's labels is no evidence. A failed pod still waits for the Job controller's verdict
+    (its `backoffLimit` and `podFailurePolicy` decide whether the run failed)."""
+    finished, failed, ended = job_outcome(job_status)
+    if finished:
+        return finished, failed, ended
+    ends = [end for pod in pods if controlled_by(pod, "Job", job_uid) and (end := load_pod_succeeded(pod)) is not None]
+    if not ends:
+        return False, False, None
+    return True, False, max(ends) or None
+
+
 def owned_trial_pods(pods: Iterable[Mapping[str, Any]], deployment_uid: str | None,
                      replica_set_controller: Callable[[str, str], str | None]) -> list[Mapping[str, Any]]:
     """The pods of the trial Deployment `deployment_uid`: controlled by a ReplicaSet that it controls.
