@@ -47,7 +47,12 @@ from batchtune.core.planning import doublings
 from batchtune.core.promql import LabelNames as CoreLabelNames
 from batchtune.core.promql import MetricNames as CoreMetricNames
 from batchtune.core.protocol import MAX_STEPS_PER_TRIAL
-from batchtune.core.recommend import MAX_COMMAND_LINE_CHARACTERS, MAX_COMMAND_LINE_WORD_LENGTH, MAX_COMMAND_LINE_WORDS
+from batchtune.core.recommend import (
+    MAX_COMMAND_LINE_CHARACTERS,
+    MAX_COMMAND_LINE_WORD_LENGTH,
+    MAX_COMMAND_LINE_WORDS,
+    command_line_characters,
+)
 from batchtune.core.recommend import ContainerArgs as CoreContainerArgs
 from batchtune.core.retune import RetunePolicy
 from batchtune.core.settings import Setting as CoreSetting
@@ -211,7 +216,7 @@ COMMAND_LINE_TOTAL_RULE = f"self.map(w, size(w)).sum() <= {MAX_COMMAND_LINE_CHAR
 
 
 def _command_line_total(words: list[str]) -> list[str]:
-    total = sum(len(word) for word in words)
+    total = command_line_characters(words)
     if total > MAX_COMMAND_LINE_CHARACTERS:
         raise ValueError(f"a command line of {total} characters, more than {MAX_COMMAND_LINE_CHARACTERS}")
     return words

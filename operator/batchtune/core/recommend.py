@@ -37,6 +37,11 @@ MAX_COMMAND_LINE_JSON = 2 * MAX_COMMAND_LINE_CHARACTERS
 so that the ready-made patches in status always hold it whole."""
 
 
+def command_line_characters(words: Iterable[str]) -> int:
+    """A command line's characters, its words together (what `MAX_COMMAND_LINE_CHARACTERS` bounds)."""
+    return sum(len(word) for word in words)
+
+
 @dataclass(frozen=True)
 class ContainerArgs:
     command: tuple[str, ...] | None
@@ -80,7 +85,7 @@ def command_line_problem(args: ContainerArgs, where: str) -> str | None:
         return (f"{where}.command and .args together have {len(flat)} words, more than the "
                 f"{MAX_COMMAND_LINE_WORDS} batchtune keeps in status (status.recommendation.args is the whole command "
                 "line); it refuses the target rather than cut its command line")
-    characters, spelled = sum(len(word) for word in flat), len(json.dumps(flat))
+    characters, spelled = command_line_characters(flat), len(json.dumps(flat))
     if characters > MAX_COMMAND_LINE_CHARACTERS or spelled > MAX_COMMAND_LINE_JSON:
         return (f"{where}.command and .args together have {characters} characters ({spelled} spelled as JSON), more "
                 f"than the {MAX_COMMAND_LINE_CHARACTERS} ({MAX_COMMAND_LINE_JSON}) batchtune keeps in status; it "

@@ -259,8 +259,8 @@ UNKEPT_METRICS = (M.TTFT_HISTOGRAM_MS, M.ITL_HISTOGRAM_MS, M.E2E_HISTOGRAM_MS, M
 counts only cross-check the load generator then): status does not keep them, since each kept figure is paid for in
 every step and run of the largest object (issue 22, section 9)."""
 STEP_METRICS = tuple(m for m in M if m not in CONCLUSION_METRICS + PRODUCTION_METRICS + UNKEPT_METRICS)
-"""What a load run measures (`promql.trial_queries` and the load generator's own counts), so what a run and a
-step (the worst case over its runs) can hold in status."""
+"""What status keeps of a load run's figures (`promql.trial_queries` and the load generator's own counts, less
+`UNKEPT_METRICS`), so what a run and a step (the worst case over its runs) can hold in status."""
 TRIAL_METRICS = STEP_METRICS + CONCLUSION_METRICS
 """A trial's figures: its deciding step's (`STEP_METRICS`) and its conclusions."""
 PREDICTED_METRICS = (M.TTFT_MS, M.ITL_MS, M.E2E_MS, M.TTFT_MEAN_MS, M.ITL_MEAN_MS, M.REQUEST_THROUGHPUT,
