@@ -190,6 +190,9 @@ def test_infeasible_setting_is_classified_and_the_search_goes_on(kube, namespace
                             strategy={"type": "Grid", "maxTrials": 2, "maxParallelTrials": 2},
                             objective={"type": "OutputThroughput"},
                             load={"inputTokens": 256, "outputTokens": 64, "concurrency": 16},
+                            # What is asserted is the OOM's classification, not the SLO: 16 streams on a starved CI
+                            # machine missed the shared SLO's ITL bound (NoFeasibleSetting, CI of 7 Dec).
+                            slo=LENIENT_SLO,
                             apply={"mode": "Recommend"}))
     bt = wait_phase(kube, namespace, "tune", {"Recommended", "Failed"}, 240, operator)
     trials = {t["setting"]["gpuMemoryUtilizationPercent"]: t for t in bt["status"].get("trials", [])}
@@ -198,7 +201,7 @@ def test_infeasible_setting_is_classified_and_the_search_goes_on(kube, namespace
     assert trials[99]["reason"] == "OOMKilled", trials[99]
     assert "out of memory" in trials[99]["message"].lower()
     assert trials[95]["state"] == "Done"
-    assert bt["status"]["phase"] == "Recommended"
+    assert bt["status"]["phase"] == "Recommended", json.dumps(bt["status"], indent=1)[-3000:]
     assert bt["status"]["recommendation"]["setting"]["gpuMemoryUtilizationPercent"] == 95
 
 
