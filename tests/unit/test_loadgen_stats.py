@@ -18,6 +18,7 @@ from batchtune.loadgen import (
     RequestRecord,
     TargetRefused,
     censored_quantile,
+    censored_quantiles,
     check_target,
     compact_summary,
     compute_result,
@@ -128,6 +129,18 @@ def test_requests_still_running_count_against_the_percentiles():
 ])
 def test_censored_quantile(events, censored, q, expected):
     assert censored_quantile(events, censored, q) == expected
+
+
+_latency = st.floats(min_value=0.0, max_value=30.0).map(lambda v: round(v, 2))  # ties, as whole milliseconds give
+
+
+@given(st.lists(_latency, max_size=60), st.lists(_latency, max_size=30),
+       st.lists(st.sampled_from([0.5, 0.9, 0.95, 0.99, 0.01, 1.0]), min_size=1, max_size=6))
+def test_the_one_pass_quantiles_are_each_quantile_alone(events, censored, qs):
+    # In any order, repeated or not: the walk takes them sorted and answers in the order asked (one alone is pinned
+    # by test_censored_quantile's examples).
+    assert censored_quantiles(events, censored, tuple(qs)) == tuple(censored_quantile(events, censored, q)
+                                                                    for q in qs)
 
 
 def test_the_summary_carries_the_window_in_wall_clock_seconds():

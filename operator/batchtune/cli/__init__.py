@@ -7,7 +7,9 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 from batchtune import __version__
@@ -51,11 +53,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    if argv is None and getattr(args, "exit_when_done", False):
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """End this process without the interpreter's teardown: a command whose result is a file read once the process
+    has ended (the load generator's summary) is done when the file is written, and the teardown costs 0.15 s of CPU,
+    seconds on a node whose CPUs the trial pods share."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe has nothing left to say
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

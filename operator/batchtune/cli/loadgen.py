@@ -68,7 +68,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--summarize-result", metavar="FILE", default=None,
                         help="send no load: summarize a `vllm bench serve --save-result` FILE into the termination "
                              "message (the VllmBench generator's second container)")
-    parser.set_defaults(func=run)
+    # The operator reads the summary once the process has ended: end it as soon as the summary is written.
+    parser.set_defaults(func=run, exit_when_done=True)
 
 
 def parse_goodput(item: str) -> tuple[str, float]:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         ClientWindow,
         RequestRecord,
         censored_quantile,
+        censored_quantiles,
         compact_summary,
         compute_result,
     )
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 _WHERE = {
     "LoadRun": "runner", "TargetRefused": "runner", "check_target": "runner", "format_report": "runner",
     "run_load": "runner", "run_load_sync": "runner",
-    "ClientWindow": "stats", "RequestRecord": "stats", "censored_quantile": "stats", "compact_summary": "stats",
-    "compute_result": "stats",
+    "ClientWindow": "stats", "RequestRecord": "stats", "censored_quantile": "stats", "censored_quantiles": "stats",
+    "compact_summary": "stats", "compute_result": "stats",
 }
 
 
@@ -55,6 +56,7 @@ __all__ = [
     "check_target",
     "compact_summary",
     "censored_quantile",
+    "censored_quantiles",
     "compute_result",
     "format_report",
     "run_load",
